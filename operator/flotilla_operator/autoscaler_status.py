@@ -1,0 +1,58 @@
+"""How the autoscaler's memory is written to and read from `status.autoscaler`.
+
+The recommendation history lives in the InferenceModel's status, not in the operator's process, so
+that a restart neither forgets a scale-down window (and collapses the fleet) nor freezes it
+(KubeAI #383). Times are RFC 3339 strings, as everywhere in the Kubernetes API.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from flotilla_operator.autoscaler import AutoscalerState, Decision, Recommendation
+
+
+def format_time(time_s: float) -> str:
+    return datetime.fromtimestamp(time_s, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_time(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def state_from_status(autoscaler_status: dict[str, Any] | None) -> AutoscalerState:
+    """The remembered state; entries that cannot be read are dropped rather than failing the loop."""
+    status = autoscaler_status or {}
+    recommendations = []
+    for entry in status.get("recommendations") or []:
+        try:
+            recommendations.append(Recommendation(parse_time(entry["time"]), int(entry["replicas"])))
+        except (KeyError, TypeError, ValueError):
+            continue
+    idle_since_s = None
+    if status.get("idleSince"):
+        try:
+            idle_since_s = parse_time(status["idleSince"])
+        except (TypeError, ValueError):
+            idle_since_s = None
+    recommendations.sort(key=lambda r: r.time_s)
+    return AutoscalerState(tuple(recommendations), idle_since_s)
+
+
+def status_patch(
+    decision: Decision, current_replicas: int, waiting: float | None, now_s: float, last_scale_time: str | None
+) -> dict[str, Any]:
+    """The `status.autoscaler` object after `decision`; lastScaleTime moves only when replicas change."""
+    state = decision.state
+    changed = decision.desired_replicas != current_replicas
+    return {
+        "lastDecision": f"{decision.reason}: {current_replicas} -> {decision.desired_replicas}: {decision.message}",
+        "lastReason": decision.reason,
+        "lastScaleTime": format_time(now_s) if changed else last_scale_time,
+        "queueDepth": round(waiting) if waiting is not None else None,
+        "recommendations": [
+            {"time": format_time(r.time_s), "replicas": r.replicas} for r in state.recommendations
+        ],
+        "idleSince": format_time(state.idle_since_s) if state.idle_since_s is not None else None,
+    }
