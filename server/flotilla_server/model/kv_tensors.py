@@ -1,0 +1,53 @@
+"""KVCacheTensors: the tensors behind the paged KV pool.
+
+The block pool (kv_pool.py) owns block ids and reference counts; this module owns the memory they
+name. Slot `s` of the pool is row `s` of every layer's K and V tensor, and block `b` covers slots
+`[b * block_size, (b + 1) * block_size)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class KVCacheTensors:
+    k: list[torch.Tensor]  # per layer: [num_blocks * block_size, kv_heads, head_dim]
+    v: list[torch.Tensor]
+    num_blocks: int
+    block_size: int
+
+    @classmethod
+    def allocate(
+        cls,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: str | torch.device,
+    ) -> KVCacheTensors:
+        # zeros, not empty: padded gathers read unwritten slots, and masked scores must stay finite
+        shape = (num_blocks * block_size, kv_heads, head_dim)
+        k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        return cls(k, v, num_blocks, block_size)
+
+    @staticmethod
+    def bytes_per_block(num_layers: int, block_size: int, kv_heads: int, head_dim: int,
+                        dtype: torch.dtype) -> int:
+        """Memory one block takes over all layers, K and V: sizes the pool from a byte budget."""
+        element_bytes = torch.empty((), dtype=dtype).element_size()
+        return 2 * num_layers * block_size * kv_heads * head_dim * element_bytes
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.k)
+
+    def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Stores this step's new K/V rows ([T, kv_heads, head_dim]) at their pool slots."""
+        self.k[layer].index_copy_(0, slot_mapping, k)
+        self.v[layer].index_copy_(0, slot_mapping, v)

@@ -1,0 +1,189 @@
+"""DecoderModel: the Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) in plain PyTorch.
+
+One forward pass takes the flat tokens of a whole step (prefill chunks and decode rows of many
+sequences) and reads/writes the paged KV pool; it has no per-token Python loop. Q/K/V and gate/up
+projections are fused into one matmul each; `load_hf_state_dict` maps Hugging Face weight names onto
+the fused layout.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import AttentionBatch, paged_attention
+from .config import ModelConfig
+from .kv_tensors import KVCacheTensors
+from .rope import rope_cos_sin_table
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # normalise in float32, scale in the model dtype (as transformers does)
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.split = (q_size, kv_size, kv_size)
+        self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=cfg.o_bias)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.scale = 1.0 / math.sqrt(cfg.head_dim)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        batch: AttentionBatch,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> torch.Tensor:
+        num_tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.kv_heads, self.head_dim)
+        v = v.view(num_tokens, self.kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        k_cache.index_copy_(0, batch.slot_mapping, k)
+        v_cache.index_copy_(0, batch.slot_mapping, v)
+        o = paged_attention(q, k, v, k_cache, v_cache, batch, self.scale)
+        return self.o_proj(o.reshape(num_tokens, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(
+            config.hidden_size, config.vocab_size, bias=False
+        )
+        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None  # built lazily on the weights' device
+
+    def _rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        w = self.embed_tokens.weight
+        if self._rope is None or self._rope[0].device != w.device or self._rope[0].dtype != w.dtype:
+            cos, sin = rope_cos_sin_table(self.config, device=w.device)
+            self._rope = (cos.to(w.dtype), sin.to(w.dtype))
+        return self._rope
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        batch: AttentionBatch,
+        kv: KVCacheTensors,
+    ) -> torch.Tensor:
+        """input_ids, positions: [T] for the step's flat tokens. Returns the final-norm hidden states
+        [T, hidden]; pick the rows to sample and pass them to `compute_logits`."""
+        cos_table, sin_table = self._rope_tables()
+        cos = cos_table[positions].unsqueeze(1)  # [T, 1, head_dim], broadcast over heads
+        sin = sin_table[positions].unsqueeze(1)
+        h = self.embed_tokens(input_ids)
+        for i, layer in enumerate(self.layers):
+            h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, batch, kv.k[i], kv.v[i])
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.norm(h)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [N, hidden] rows of `forward`'s output. Returns float32 logits [N, vocab]."""
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(hidden, weight).float()
+
+    def load_hf_state_dict(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copies Hugging Face-named weights (`model.layers.0.self_attn.q_proj.weight`, ...) into the
+        fused layout. Raises ValueError naming any weight that is missing or unexpected."""
+        params = dict(self.named_parameters())
+        pending: dict[str, dict[str, torch.Tensor]] = {}  # fused name -> parts by HF name
+        filled: set[str] = set()
+        for hf_name, tensor in tensors:
+            name = hf_name.removeprefix("model.")
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue  # tied: the embedding is the head
+            fused, part = _fused_target(name)
+            if fused is None:
+                if name not in params:
+                    raise ValueError(f"unexpected weight {hf_name!r}: the checkpoint does not match config.json")
+                _copy(params[name], tensor, hf_name)
+                filled.add(name)
+                continue
+            if fused not in params:
+                raise ValueError(f"unexpected weight {hf_name!r}: the checkpoint does not match config.json")
+            pending.setdefault(fused, {})[part] = tensor
+            parts = _FUSED_PARTS[fused.rsplit(".", 2)[-2]]
+            if all(p in pending[fused] for p in parts):
+                done = pending.pop(fused)
+                _copy(params[fused], torch.cat([done[p] for p in parts]), fused)
+                filled.add(fused)
+        missing = sorted(set(params) - filled)
+        if missing:
+            raise ValueError(f"checkpoint is missing weights {missing[:5]}{'...' if len(missing) > 5 else ''}")
+
+
+_FUSED_PARTS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+_PART_TO_FUSED = {p: f for f, parts in _FUSED_PARTS.items() for p in parts}
+
+
+def _fused_target(name: str) -> tuple[str | None, str]:
+    """`layers.0.self_attn.k_proj.bias` -> (`layers.0.self_attn.qkv_proj.bias`, `k_proj`)."""
+    pieces = name.split(".")
+    if len(pieces) >= 2 and pieces[-2] in _PART_TO_FUSED:
+        part = pieces[-2]
+        return ".".join([*pieces[:-2], _PART_TO_FUSED[part], pieces[-1]]), part
+    return None, ""
+
+
+def _copy(param: torch.Tensor, tensor: torch.Tensor, name: str) -> None:
+    if tuple(param.shape) != tuple(tensor.shape):
+        raise ValueError(
+            f"weight {name!r} has shape {tuple(tensor.shape)}, config.json implies {tuple(param.shape)}"
+        )
+    with torch.no_grad():
+        param.copy_(tensor)

@@ -1,0 +1,92 @@
+"""load_model: a Hugging Face model directory (or the embedded `tiny`) to a ready DecoderModel.
+
+A directory holds `config.json`, `*.safetensors` (one file or shards listed in
+`model.safetensors.index.json`) and `tokenizer.json` (+ `tokenizer_config.json`). Weights stream
+shard by shard into a model built without initialisation, converted to the requested dtype.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from .config import ModelConfig
+from .llama import DecoderModel
+from .tiny import TINY_CONFIG, TINY_DESCRIPTION, TINY_NAME, build_tiny_model, build_tiny_tokenizer
+from .tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: DecoderModel
+    tokenizer: Tokenizer
+    config: ModelConfig
+    name: str  # the served name: "tiny" or the directory's name
+    description: str = ""  # says "DEMONSTRATION model" for tiny
+    is_demonstration: bool = False
+
+
+def torch_dtype(dtype: str) -> torch.dtype:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def load_model(model: str, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
+    """`model` is "tiny" or a path to a Hugging Face directory. Raises FileNotFoundError or
+    ValueError with what to change."""
+    torch_type = torch_dtype(dtype)
+    if model == TINY_NAME:
+        log.warning("%s", TINY_DESCRIPTION)
+        return LoadedModel(
+            build_tiny_model(torch_type, device), build_tiny_tokenizer(), TINY_CONFIG, TINY_NAME,
+            TINY_DESCRIPTION, is_demonstration=True,
+        )
+    path = Path(model)
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"model {model!r} is neither 'tiny' nor a directory: pass --model tiny or the path of a "
+            "Hugging Face model directory (config.json, *.safetensors, tokenizer.json)"
+        )
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{config_file} not found: a Hugging Face model directory needs config.json")
+    with config_file.open() as f:
+        config = ModelConfig.from_hf(json.load(f))
+    tokenizer = Tokenizer.from_dir(path, extra_eos_token_ids=config.eos_token_ids)
+
+    with torch.device("meta"):
+        net = DecoderModel(config)
+    net = net.to_empty(device=device).to(torch_type)
+    net.load_hf_state_dict(_read_tensors(path))
+    log.info("loaded %s (%s, %d layers) as %s on %s", path, config.model_type, config.num_layers, dtype, device)
+    return LoadedModel(net.eval(), tokenizer, config, path.name, f"{config.model_type} model from {path}")
+
+
+def _read_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) over all shards, each tensor loaded on CPU as stored."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        with index.open() as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        files = [path / s for s in shards]
+    else:
+        files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors in {path}: Flotilla loads safetensors weights only")
+    for file in files:
+        if not file.is_file():
+            raise FileNotFoundError(f"{file} is listed in {index.name} but missing: re-download the model")
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                yield name, f.get_tensor(name)
