@@ -1,0 +1,119 @@
+"""The autoscaler's window on Prometheus: one PromQL query for a model's pool-wide queue, with timeouts.
+
+Every failure becomes a `PrometheusError` whose `reason` is a small fixed word (for the
+`flotilla_operator_prometheus_query_failures_total` counter) and whose message says what to check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+
+DEFAULT_TIMEOUT_S = 5.0
+
+WAITING = "flotilla_requests_waiting"
+RUNNING = "flotilla_requests_running"
+SLOTS = "flotilla_slots"
+
+# Failure reasons (label values of PROMETHEUS_QUERY_FAILURES).
+UNREACHABLE = "unreachable"
+TIMEOUT = "timeout"
+HTTP_ERROR = "http_error"
+QUERY_ERROR = "query_error"
+BAD_RESPONSE = "bad_response"
+
+
+class PrometheusError(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class PoolSample:
+    """Pool-wide sums for one model at one instant."""
+
+    waiting: float
+    running: float
+    slots: float  # summed over replicas
+    replicas_reporting: int  # replicas with a flotilla_slots series
+
+    @property
+    def slots_per_replica(self) -> float | None:
+        return self.slots / self.replicas_reporting if self.replicas_reporting else None
+
+
+def _label_value(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def pool_query(namespace: str, model: str) -> str:
+    """One PromQL expression evaluating all four sums at the same instant, each tagged `part`."""
+    selector = f'{{namespace="{_label_value(namespace)}",model="{_label_value(model)}"}}'
+    parts = [
+        ("waiting", f"sum({WAITING}{selector})"),
+        ("running", f"sum({RUNNING}{selector})"),
+        ("slots", f"sum({SLOTS}{selector})"),
+        ("replicas", f"count({SLOTS}{selector})"),
+    ]
+    return " or ".join(f'label_replace({expr}, "part", "{name}", "", "")' for name, expr in parts)
+
+
+def parse_pool(body: object) -> PoolSample:
+    """The sample from a /api/v1/query answer to `pool_query`; absent parts mean no series (zero)."""
+    try:
+        if not isinstance(body, dict) or body.get("status") != "success":
+            raise ValueError("status is not success")
+        data = body["data"]
+        if data["resultType"] != "vector":
+            raise ValueError(f"resultType {data['resultType']!r} is not vector")
+        values = {r["metric"]["part"]: float(r["value"][1]) for r in data["result"]}
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise PrometheusError(BAD_RESPONSE, f"Prometheus answered in an unexpected shape ({e}): {body!r:.300}") from e
+    return PoolSample(
+        waiting=values.get("waiting", 0.0),
+        running=values.get("running", 0.0),
+        slots=values.get("slots", 0.0),
+        replicas_reporting=int(values.get("replicas", 0)),
+    )
+
+
+class PrometheusClient:
+    """Queries the HTTP API at `base_url` (the operator's --prometheus-url)."""
+
+    def __init__(self, base_url: str, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"--prometheus-url must start with http:// or https://, got {base_url!r}")
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._client = httpx.AsyncClient(timeout=timeout_s, transport=transport)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def query(self, promql: str) -> object:
+        url = f"{self.base_url}/api/v1/query"
+        try:
+            response = await self._client.get(url, params={"query": promql})
+        except httpx.TimeoutException as e:
+            raise PrometheusError(TIMEOUT, f"Prometheus at {self.base_url} did not answer within "
+                                  f"{self.timeout_s:g}s; check that it is up and not overloaded") from e
+        except httpx.HTTPError as e:
+            raise PrometheusError(UNREACHABLE, f"cannot reach Prometheus at {self.base_url} ({e!r}); "
+                                  "check --prometheus-url and that Prometheus is running") from e
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if response.status_code in (400, 422) and isinstance(body, dict):
+            raise PrometheusError(QUERY_ERROR, f"Prometheus rejected the query: {body.get('error')} ({promql})")
+        if response.status_code != 200 or body is None:
+            raise PrometheusError(HTTP_ERROR, f"Prometheus at {url} answered HTTP {response.status_code}: "
+                                  f"{response.text[:200]!r}; check that --prometheus-url points at Prometheus")
+        return body
+
+    async def pool(self, namespace: str, model: str) -> PoolSample:
+        """Pool-wide waiting, running and slots for `model` (the served name) in `namespace`."""
+        return parse_pool(await self.query(pool_query(namespace, model)))
