@@ -1,0 +1,82 @@
+"""`flotilla-operator`: parse flags, serve /metrics, and run the kopf operator with the handlers."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from flotilla_operator.settings import OperatorSettings
+from flotilla_operator.types import DEFAULT_SERVER_IMAGE
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="flotilla-operator",
+        formatter_class=lambda prog: argparse.HelpFormatter(prog, width=100),  # stable text for docs
+        description="Reconcile InferenceModel resources into fleets of flotilla-server pods. "
+        "Logs in with the in-cluster service account, or the standard kubeconfig ($KUBECONFIG, ~/.kube/config).",
+    )
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("--namespace", "-n", action="append", default=[], help="watch this namespace (repeatable)")
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace")
+    parser.add_argument(
+        "--prometheus-url", default="http://prometheus-operated.monitoring.svc:9090",
+        help="Prometheus HTTP API the autoscaler queries (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--default-image", default=DEFAULT_SERVER_IMAGE,
+        help="flotilla-server image for models that set no spec.image (default: %(default)s)",
+    )
+    peering = parser.add_mutually_exclusive_group()
+    peering.add_argument("--peering", metavar="NAME", help="coordinate with other operator replicas via this KopfPeering")
+    peering.add_argument("--standalone", action="store_true", help="run without peering (the default)")
+    parser.add_argument("--verbose", "-v", action="store_true", help="log debug messages")
+    parser.add_argument("--health-port", type=int, default=8081, help="port of the /healthz liveness endpoint (default: %(default)s)")
+    parser.add_argument("--metrics-port", type=int, default=8080, help="port of the Prometheus /metrics endpoint (default: %(default)s)")
+    parser.add_argument(
+        "--autoscale-interval-s", type=float, default=15.0,
+        help="seconds between autoscaler decisions per model (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--drift-interval-s", type=float, default=60.0,
+        help="seconds between re-applications of the desired state, which corrects drift (default: %(default)s)",
+    )
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> OperatorSettings:
+    return OperatorSettings(
+        namespaces=tuple(args.namespace),
+        all_namespaces=args.all_namespaces,
+        prometheus_url=args.prometheus_url,
+        default_image=args.default_image,
+        peering=args.peering,
+        standalone=args.peering is None,
+        verbose=args.verbose,
+        health_port=args.health_port,
+        metrics_port=args.metrics_port,
+        autoscale_interval_s=args.autoscale_interval_s,
+        drift_interval_s=args.drift_interval_s,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+    except ValueError as error:
+        parser.error(str(error))
+    logging.basicConfig(
+        level=logging.DEBUG if settings.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from flotilla_operator.runner import run_operator  # kopf and handlers load only when running
+
+    run_operator(settings)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""The operator's settings, parsed once by the CLI and handed to every handler through kopf's memo."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from flotilla_operator.types import DEFAULT_SERVER_IMAGE
+
+DEFAULT_OPERATOR_IMAGE = "ghcr.io/flotilla-dev/flotilla-operator:0.1.0"
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    namespaces: tuple[str, ...] = ()  # empty with all_namespaces True: cluster-wide
+    all_namespaces: bool = False
+    prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
+    default_image: str = DEFAULT_SERVER_IMAGE
+    peering: str | None = None  # None with standalone True: no peering at all
+    standalone: bool = True
+    verbose: bool = False
+    health_port: int = 8081
+    metrics_port: int = 8080
+    autoscale_interval_s: float = 15.0
+    drift_interval_s: float = 60.0
+    extra: dict[str, str] = field(default_factory=dict)  # free-form knobs for tests and plug-ins
+
+    def __post_init__(self) -> None:
+        if not self.all_namespaces and not self.namespaces:
+            raise ValueError("give --namespace NAME (repeatable) or --all-namespaces")
+        if self.all_namespaces and self.namespaces:
+            raise ValueError("--namespace and --all-namespaces exclude each other; pick one")
+        if self.autoscale_interval_s <= 0 or self.drift_interval_s <= 0:
+            raise ValueError("--autoscale-interval-s and --drift-interval-s must be > 0")
+        if not self.standalone and not self.peering:
+            raise ValueError("give --peering NAME or --standalone")

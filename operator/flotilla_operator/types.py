@@ -1,0 +1,303 @@
+"""The InferenceModel API (flotilla.dev/v1alpha1) as pydantic models: the single source of truth.
+
+`generate.py` turns these models into the CRD's structural schema and into docs/operator.md, so
+every field description starts with the field's name and every cross-field rule is a CEL rule
+(`x-kubernetes-validations`) with a message that says what to change.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from flotilla_server import config as server_config
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "flotilla.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "InferenceModel"
+PLURAL = "inferencemodels"
+SINGULAR = "inferencemodel"
+SHORT_NAMES = ("im",)
+
+DEFAULT_SERVER_IMAGE = "ghcr.io/flotilla-dev/flotilla-server:0.1.0"
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+PHASES = ("Pending", "Progressing", "Ready", "Degraded", "ScaledToZero")
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "ScalingActive")
+
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$"
+
+
+def rules(*pairs: tuple[str, str]) -> dict[str, Any]:
+    """A pydantic json_schema_extra carrying CEL rules as (rule, message) pairs."""
+    return {"x-kubernetes-validations": [{"rule": rule, "message": message} for rule, message in pairs]}
+
+
+class ApiModel(BaseModel):
+    """Base: camelCase on the wire, snake_case in Python, unknown fields refused."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class SecretKeyRef(ApiModel):
+    name: str = Field(description="name is the Secret in the InferenceModel's namespace.", min_length=1)
+    key: str = Field("token", description="key is the entry of the Secret that holds the token.", min_length=1)
+
+
+class HuggingFaceSource(ApiModel):
+    repo: str = Field(
+        description="repo is the Hugging Face repository, as `owner/name`.",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$",
+    )
+    revision: str = Field("main", description="revision is the branch, tag or commit to download.", min_length=1)
+    token_secret: SecretKeyRef | None = Field(
+        None, description="tokenSecret names the Secret key holding a Hugging Face token, for gated models."
+    )
+
+
+class PVCSource(ApiModel):
+    claim_name: str = Field(
+        description="claimName is the PersistentVolumeClaim, in the same namespace, that holds the model.",
+        pattern=DNS_SUBDOMAIN,
+    )
+    path: str = Field(
+        "", description="path is the model directory inside the volume; empty means the volume's root."
+    )
+
+
+class ImageSource(ApiModel):
+    reference: str = Field(
+        description="reference is an OCI image holding the model files, mounted read-only as an image volume.",
+        min_length=1,
+    )
+    path: str = Field("/", description="path is the model directory inside the image.")
+
+
+class ModelSource(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            (
+                "[has(self.huggingface), has(self.pvc), has(self.image), has(self.builtin)]"
+                ".filter(x, x).size() == 1",
+                "model.source must set exactly one of huggingface, pvc, image or builtin",
+            ),
+        )
+    )
+
+    huggingface: HuggingFaceSource | None = Field(
+        None, description="huggingface downloads the model in an init container into an emptyDir volume."
+    )
+    pvc: PVCSource | None = Field(None, description="pvc mounts the model read-only from a PersistentVolumeClaim.")
+    image: ImageSource | None = Field(None, description="image mounts the model from an OCI image volume.")
+    builtin: Literal["tiny"] | None = Field(
+        None, description="builtin selects a model embedded in the server; `tiny` is a demonstration model only."
+    )
+
+
+class ModelSpec(ApiModel):
+    name: str = Field(
+        description="name is the model name that clients pass to the OpenAI API (the served model name).",
+        min_length=1,
+        max_length=128,
+    )
+    source: ModelSource = Field(description="source says where the weights come from: exactly one of its fields.")
+
+
+class ResourcesSpec(ApiModel):
+    gpus: int = Field(0, description="gpus is the number of `nvidia.com/gpu` per replica; 0 runs on CPU.", ge=0, le=16)
+    gpu_type: str | None = Field(
+        None,
+        description="gpuType is the `nvidia.com/gpu.product` node label value to schedule on (e.g. `NVIDIA-H100-80GB-HBM3`).",
+    )
+    gpu_memory: str | None = Field(
+        None,
+        description="gpuMemory is the memory of one GPU (a quantity, e.g. `80Gi`); with server.kvCacheMemoryFraction it sizes the KV cache.",
+        pattern=QUANTITY,
+    )
+    cpu: str = Field("2", description="cpu is the CPU request and limit of each replica (a quantity).", pattern=QUANTITY)
+    memory: str = Field(
+        "8Gi", description="memory is the memory request and limit of each replica (a quantity).", pattern=QUANTITY
+    )
+
+
+class ScalingSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            ("self.minReplicas <= self.maxReplicas", "scaling.minReplicas must not exceed scaling.maxReplicas"),
+        )
+    )
+
+    min_replicas: int = Field(1, description="minReplicas is the floor of the autoscaler; 0 allows scale to zero (cost-first only).", ge=0)
+    max_replicas: int = Field(4, description="maxReplicas is the ceiling of the autoscaler.", ge=1, le=1000)
+    target_queue_depth: int = Field(
+        8, description="targetQueueDepth is the waiting requests per replica that cost-first tolerates.", ge=0
+    )
+    scale_up_stabilization_seconds: int = Field(
+        0, description="scaleUpStabilizationSeconds is how long a higher recommendation must hold before scaling up.", ge=0, le=3600
+    )
+    scale_down_stabilization_seconds: int = Field(
+        300,
+        description="scaleDownStabilizationSeconds is the window whose highest recommendation a scale-down may not go under.",
+        ge=0,
+        le=86400,
+    )
+    scale_to_zero_after_seconds: int = Field(
+        600, description="scaleToZeroAfterSeconds is the idle time before a cost-first model with minReplicas 0 scales to zero.", ge=0
+    )
+    disabled: bool = Field(
+        False, description="disabled hands `.spec.replicas` to someone else (kubectl scale, an HPA, KEDA)."
+    )
+
+
+class Toleration(ApiModel):
+    key: str | None = Field(None, description="key is the taint key; empty with operator Exists tolerates everything.")
+    operator: Literal["Exists", "Equal"] = Field("Equal", description="operator is Exists or Equal.")
+    value: str | None = Field(None, description="value is the taint value to match with operator Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="effect is the taint effect to match; empty matches all effects."
+    )
+    toleration_seconds: int | None = Field(
+        None, description="tolerationSeconds bounds how long a NoExecute taint is tolerated."
+    )
+
+
+class PlacementSpec(ApiModel):
+    policy: Literal["latency-first", "cost-first"] = Field(
+        "latency-first",
+        description="policy is latency-first (spread, dedicated nodes, high priority, PDB) or cost-first (pack, spot nodes, preemptible, scale to zero).",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="nodeSelector labels are added to the policy's node selector."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="tolerations are added to the policy's tolerations."
+    )
+    priority_class_name: str | None = Field(
+        None, description="priorityClassName replaces the policy's priority class."
+    )
+
+
+class ServerSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            (
+                "self.maxBatchedTokens >= self.prefillChunk",
+                "server.maxBatchedTokens must be at least server.prefillChunk",
+            ),
+            (
+                "self.maxBatchedTokens >= self.maxNumSeqs",
+                "server.maxBatchedTokens must be at least server.maxNumSeqs (one decode token per running sequence)",
+            ),
+            (
+                "self.blockSize in " + str(list(BLOCK_SIZES)),
+                "server.blockSize must be a power of two between 1 and 256",
+            ),
+        )
+    )
+
+    max_num_seqs: int = Field(
+        server_config.DEFAULT_MAX_NUM_SEQS, description="maxNumSeqs is the slots: sequences running at once per replica.", ge=1, le=4096
+    )
+    max_batched_tokens: int = Field(
+        server_config.DEFAULT_MAX_NUM_BATCHED_TOKENS, description="maxBatchedTokens is the token budget of one engine step.", ge=1
+    )
+    prefill_chunk: int = Field(
+        server_config.DEFAULT_PREFILL_CHUNK, description="prefillChunk is the longest prefill piece of one sequence in one step.", ge=1
+    )
+    block_size: int = Field(
+        server_config.DEFAULT_BLOCK_SIZE, description="blockSize is the KV positions per cache block (a power of two).", ge=1, le=256
+    )
+    kv_cache_memory_fraction: float | None = Field(
+        None,
+        description="kvCacheMemoryFraction is the share of memory given to the KV cache: of resources.gpuMemory per GPU, or of resources.memory on CPU. Unset lets the server size it.",
+        gt=0,
+        le=1,
+    )
+    max_model_len: int | None = Field(None, description="maxModelLen caps the context length; unset takes the model's own.", ge=1)
+    queue_depth_per_slot: int = Field(
+        server_config.DEFAULT_QUEUE_DEPTH_PER_SLOT, description="queueDepthPerSlot bounds the admission queue at this many waiting requests per slot.", ge=0
+    )
+    queue_timeout_seconds: float = Field(
+        server_config.DEFAULT_QUEUE_TIMEOUT_S, description="queueTimeoutSeconds is how long a request may wait before it gets 429.", gt=0
+    )
+    drain_timeout_seconds: float = Field(
+        server_config.DEFAULT_DRAIN_TIMEOUT_S, description="drainTimeoutSeconds is how long in-flight requests may finish after SIGTERM.", ge=0, le=3600
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="dtype of weights and KV cache; unset means bfloat16 on GPU and float32 on CPU."
+    )
+    extra_args: list[str] = Field(default_factory=list, description="extraArgs are appended to the server's command line.")
+
+
+class InferenceModelSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            (
+                "self.placement.policy != 'latency-first' || self.scaling.minReplicas >= 1",
+                "placement.policy latency-first requires scaling.minReplicas >= 1; use cost-first to scale to zero",
+            ),
+            (
+                "!has(self.resources.gpuType) || self.resources.gpus > 0",
+                "resources.gpuType needs resources.gpus > 0",
+            ),
+        )
+    )
+
+    model: ModelSpec = Field(description="model names the served model and where its weights come from.")
+    image: str | None = Field(
+        None, description="image is the flotilla-server container image; unset takes the operator's --default-image."
+    )
+    resources: ResourcesSpec = Field(default_factory=ResourcesSpec, description="resources of each replica.")
+    replicas: int = Field(
+        1, description="replicas is the desired replica count; the autoscaler (or kubectl scale) writes it.", ge=0
+    )
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec, description="scaling bounds and paces the autoscaler.")
+    placement: PlacementSpec = Field(default_factory=PlacementSpec, description="placement decides where replicas run.")
+    server: ServerSpec = Field(default_factory=ServerSpec, description="server tunes flotilla-server in each replica.")
+
+
+class Condition(ApiModel):
+    type: str = Field(description="type is Ready, Progressing, Degraded or ScalingActive.")
+    status: Literal["True", "False", "Unknown"] = Field(description="status of the condition.")
+    reason: str = Field(description="reason is a CamelCase word a program can match on.")
+    message: str = Field("", description="message says what happened in plain words.")
+    last_transition_time: str = Field(description="lastTransitionTime is when status last changed (RFC 3339).")
+    observed_generation: int | None = Field(None, description="observedGeneration is the spec generation it describes.")
+
+
+class Recommendation(ApiModel):
+    time: str = Field(description="time of the recommendation (RFC 3339).")
+    replicas: int = Field(description="replicas the autoscaler recommended then.", ge=0)
+
+
+class AutoscalerStatus(ApiModel):
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+
+    last_scale_time: str | None = Field(None, description="lastScaleTime is when the autoscaler last changed replicas.")
+    last_decision: str | None = Field(None, description="lastDecision is the last decision with the numbers that drove it.")
+    queue_depth: int | None = Field(None, description="queueDepth is the pool-wide waiting requests seen at the last decision.")
+    recommendations: list[Recommendation] = Field(
+        default_factory=list, description="recommendations within the stabilization window; they survive operator restarts."
+    )
+
+
+class InferenceModelStatus(ApiModel):
+    phase: Literal["Pending", "Progressing", "Ready", "Degraded", "ScaledToZero"] | None = Field(
+        None, description="phase summarises the conditions in one word."
+    )
+    replicas: int | None = Field(None, description="replicas the Deployment runs now (the scale subresource reads it).")
+    ready_replicas: int | None = Field(None, description="readyReplicas are replicas passing their readiness probe.")
+    desired_replicas: int | None = Field(None, description="desiredReplicas is spec.replicas clamped to the scaling bounds.")
+    observed_generation: int | None = Field(None, description="observedGeneration is the spec generation last reconciled.")
+    endpoint: str | None = Field(None, description="endpoint is the in-cluster URL of the OpenAI API.")
+    selector: str | None = Field(None, description="selector is the pods' label selector (for the scale subresource).")
+    conditions: list[Condition] = Field(default_factory=list, description="conditions: Ready, Progressing, Degraded, ScalingActive.")
+    autoscaler: AutoscalerStatus | None = Field(None, description="autoscaler is written by the autoscaler only.")
+
+
+def parse_spec(spec: dict[str, Any]) -> InferenceModelSpec:
+    """The typed spec of a stored object (defaults filled in for fields the API server did not default)."""
+    return InferenceModelSpec.model_validate(spec)
