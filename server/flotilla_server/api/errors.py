@@ -1,0 +1,95 @@
+"""OpenAI-style JSON errors: every error a client can cause gets a 4xx and a message that says what to change."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    499: "client_closed_request",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    """Raised by handlers; rendered as {"error": {...}} with its status."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"),
+                      "param": param, "code": code}}
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(error_body(err.status, err.message, err.param, err.code), status_code=err.status,
+                        headers=err.headers)
+
+
+def describe_validation_error(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """One readable message from pydantic's error list, and the first offending field."""
+    parts = []
+    first_param: str | None = None
+    for e in errors[:5]:
+        loc = [str(x) for x in e.get("loc", ()) if x != "body"]
+        # union members add their type name to the path; it only confuses the reader
+        loc = [x for x in loc if not (x.startswith(("str", "list[", "int", "function-")) or x in {"constrained-str"})]
+        field = ".".join(loc) or "body"
+        first_param = first_param or field
+        msg = e.get("msg", "invalid value")
+        if "input" in e and e.get("type") not in ("missing", "json_invalid"):
+            got = repr(e["input"])
+            msg = f"{msg} (got {got[:60]})"
+        parts.append(f"{field}: {msg}")
+    if len(errors) > 5:
+        parts.append(f"and {len(errors) - 5} more")
+    return "Invalid request: " + "; ".join(parts) + ". Fix these fields and retry.", first_param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = describe_validation_error(list(exc.errors()))
+        return JSONResponse(error_body(400, message, param), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            message = f"No route {request.url.path}: see /docs for the endpoints (e.g. POST /v1/chat/completions)."
+        elif exc.status_code == 405:
+            allow = (exc.headers or {}).get("Allow")
+            message = f"Method {request.method} is not allowed on {request.url.path}" + (
+                f": use {allow}." if allow else "."
+            )
+        else:
+            message = str(exc.detail)
+        return JSONResponse(error_body(exc.status_code, message), status_code=exc.status_code,
+                            headers=exc.headers)

@@ -1,0 +1,18 @@
+"""GET /v1/models: the one model this server serves."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from flotilla_server.state import State
+
+router = APIRouter(tags=["models"])
+
+
+@router.get("/v1/models")
+async def list_models(state: State) -> dict:
+    """List the served model (OpenAI-compatible)."""
+    return {"object": "list", "data": [{
+        "id": state.served_model_name, "object": "model", "created": state.created_s, "owned_by": "flotilla",
+        "max_model_len": state.max_model_len,
+    }]}

@@ -1,0 +1,87 @@
+"""Request bodies of the OpenAI-compatible endpoints, validated by pydantic before anything reaches the engine.
+
+Unknown fields are refused rather than silently ignored, so a client relying on an unsupported option
+(``logprobs``, ``best_of``...) learns it at once. The ranges follow OpenAI's API reference.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MAX_STOP_STRINGS = 4
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class _SamplingFields(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(description="The served model name, as GET /v1/models lists it.")
+    max_tokens: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="Most tokens to generate; default 16, bounded by the context left."
+    )
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = Field(default=1.0, description="0 is greedy.")
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    top_k: Annotated[int, Field(ge=-1)] = Field(default=-1, description="-1 or 0 disables the top-k cut.")
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
+    stop: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    n: Annotated[int, Field(ge=1, le=1)] = Field(default=1, description="Only n=1 is supported.")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+    user: str | None = None
+
+    @model_validator(mode="after")
+    def _stream_options_need_stream(self) -> _SamplingFields:
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream=true: set stream to true or drop it")
+        if isinstance(self.stop, str) and not self.stop:
+            raise ValueError("stop must be a non-empty string or a list of non-empty strings")
+        return self
+
+    def stop_strings(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: (
+        Annotated[str, Field(min_length=1)]
+        | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+        | Annotated[list[str], Field(min_length=1, max_length=1)]
+    ) = Field(description="One prompt: a string, or a list of token ids.")
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+
+    @model_validator(mode="after")
+    def _one_max(self) -> ChatCompletionRequest:
+        if self.max_tokens is not None and self.max_completion_tokens is not None:
+            raise ValueError("set max_tokens or max_completion_tokens, not both")
+        return self

@@ -1,0 +1,41 @@
+"""The FastAPI application: routers, error handlers, the body guard, and the start/stop of the admission driver."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from flotilla_server.api import include_routers
+from flotilla_server.api.body_guard import BodyGuard
+from flotilla_server.api.errors import install_error_handlers
+from flotilla_server.state import ServerState
+
+
+def create_app(state: ServerState, max_body_bytes: int) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.admission.start()
+        # the coalescing capacity signal: every step (and so every finish and abort) wakes the driver
+        state.engine.add_step_listener(state.admission.signal_capacity)
+        state.engine.add_step_listener(
+            lambda record: state.metrics.observe_step(record.duration_s, record.num_tokens))
+        state.ready = True
+        try:
+            yield
+        finally:
+            state.ready = False
+            await state.admission.stop()
+
+    app = FastAPI(
+        title="flotilla-server",
+        summary="OpenAI-compatible LLM inference with bounded admission and SSE streaming.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.flotilla = state
+    install_error_handlers(app)
+    include_routers(app)
+    app.add_middleware(BodyGuard, max_body_bytes=max_body_bytes)
+    return app

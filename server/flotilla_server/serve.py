@@ -1,0 +1,90 @@
+"""Load the model, start the engine, serve HTTP, and drain on SIGTERM.
+
+Drain: the first SIGTERM (or SIGINT) turns /readyz to 503 and refuses new requests with 503 while the
+listening socket stays open (a closed socket would look like a crash to clients and load balancers);
+in-flight requests get --drain-timeout-s to finish, then uvicorn stops and the process exits 0.
+A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from types import FrameType
+
+import uvicorn
+
+from flotilla_server.admission import AdmissionQueue
+from flotilla_server.app import create_app
+from flotilla_server.cli import ServerSettings
+from flotilla_server.state import ServerState
+
+log = logging.getLogger("flotilla.server")
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: ServerState, drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self._state = state
+        self._drain_timeout_s = drain_timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.drained_cleanly: bool | None = None
+
+    async def startup(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # never record the signal: uvicorn would re-raise it after shutdown and the exit status would be -15
+        if self._state.draining or self._loop is None:
+            self.force_exit = self.should_exit = True
+            return
+        self._state.draining = True
+        log.info("%s: draining; %d request(s) in flight, up to %.0f s", signal.Signals(sig).name,
+                 self._state.in_flight, self._drain_timeout_s)
+        self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain()))  # type: ignore[union-attr]
+
+    async def _drain(self) -> None:
+        self.drained_cleanly = await self._state.wait_idle(self._drain_timeout_s)
+        if not self.drained_cleanly:
+            log.warning("drain timeout: %d request(s) still in flight are cut off", self._state.in_flight)
+        self.should_exit = True
+
+
+def curl_example(settings: ServerSettings, model_name: str) -> str:
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    return (
+        f"curl -N http://{host}:{settings.port}/v1/chat/completions -H 'Content-Type: application/json' "
+        f"-d '{{\"model\": \"{model_name}\", \"stream\": true, \"max_tokens\": 32, "
+        f"\"messages\": [{{\"role\": \"user\", \"content\": \"Tell me about the sea.\"}}]}}'"
+    )
+
+
+def serve(settings: ServerSettings) -> int:
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from flotilla_server.engine_factory import build_engine  # torch
+
+    engine, loaded, max_model_len = build_engine(settings.engine_config())
+    name = settings.served_model_name or loaded.name
+    state = ServerState(
+        engine=engine, tokenizer=loaded.tokenizer, served_model_name=name, max_model_len=max_model_len,
+        vocab_size=loaded.config.vocab_size,
+        admission=AdmissionQueue(
+            engine, depth=settings.queue_depth_per_slot * settings.max_num_seqs,
+            max_overtakes=settings.max_num_seqs, queue_timeout_s=settings.queue_timeout_s,
+        ),
+    )
+    app = create_app(state, settings.max_body_bytes)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                            timeout_graceful_shutdown=5, access_log=False)
+    server = DrainingServer(config, state, settings.drain_timeout_s)
+    if loaded.is_demonstration:
+        print(f"NOTE: {loaded.description}", flush=True)
+    print(f"flotilla-server: serving {name!r} on http://{settings.host}:{settings.port}; try:\n"
+          f"  {curl_example(settings, name)}", flush=True)
+    try:
+        server.run()
+    finally:
+        engine.shutdown()
+    return 0

@@ -1,0 +1,68 @@
+"""Server-sent events framing and the OpenAI chunk shapes, as pure functions.
+
+The stream contract: one ``data:`` event per chunk, sent as soon as it exists; the last chunk carries
+``finish_reason`` and ``usage``; then ``data: [DONE]``. A failure after the stream started is an error
+chunk, then ``[DONE]``: without a final event a clean end cannot be told from a dropped connection.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+DONE = b"data: [DONE]\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy may buffer the stream
+
+
+def sse_event(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+
+
+def usage(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": num_prompt_tokens, "completion_tokens": num_output_tokens,
+            "total_tokens": num_prompt_tokens + num_output_tokens}
+
+
+def completion_chunk(request_id: str, created: int, model: str, text: str,
+                     finish_reason: str | None = None, usage_: dict[str, int] | None = None) -> dict[str, Any]:
+    chunk: dict[str, Any] = {
+        "id": request_id, "object": "text_completion", "created": created, "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+    }
+    if usage_ is not None:
+        chunk["usage"] = usage_
+    return chunk
+
+
+def chat_chunk(request_id: str, created: int, model: str, delta: dict[str, str],
+               finish_reason: str | None = None, usage_: dict[str, int] | None = None) -> dict[str, Any]:
+    chunk: dict[str, Any] = {
+        "id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+    }
+    if usage_ is not None:
+        chunk["usage"] = usage_
+    return chunk
+
+
+def completion_response(request_id: str, created: int, model: str, text: str, finish_reason: str,
+                        usage_: dict[str, int]) -> dict[str, Any]:
+    return {
+        "id": request_id, "object": "text_completion", "created": created, "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+        "usage": usage_,
+    }
+
+
+def chat_response(request_id: str, created: int, model: str, text: str, finish_reason: str,
+                  usage_: dict[str, int]) -> dict[str, Any]:
+    return {
+        "id": request_id, "object": "chat.completion", "created": created, "model": model,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                     "finish_reason": finish_reason}],
+        "usage": usage_,
+    }
+
+
+def error_chunk(message: str, code: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "server_error", "param": None, "code": code}}

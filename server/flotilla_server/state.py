@@ -1,0 +1,77 @@
+"""What every request handler shares: the engine, the tokenizer, the admission queue, metrics, drain state.
+
+Held in ``app.state.flotilla``; handlers reach it through the ``State`` dependency alias.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+
+from flotilla_server.admission import AdmissionQueue
+from flotilla_server.metrics import ServerMetrics, StateSnapshot
+
+
+@dataclass(eq=False)
+class ServerState:
+    engine: Any  # AsyncEngine
+    tokenizer: Any  # model.tokenizer.Tokenizer
+    served_model_name: str
+    max_model_len: int
+    vocab_size: int
+    admission: AdmissionQueue
+    metrics: ServerMetrics = field(init=False)
+    created_s: int = field(default_factory=lambda: int(time.time()))
+    draining: bool = False
+    ready: bool = False
+    in_flight: int = 0  # requests past the drain check and not yet answered (queued or running)
+    _idle: asyncio.Event | None = None
+
+    def __post_init__(self) -> None:
+        self.metrics = ServerMetrics(self.served_model_name, self.snapshot)
+
+    def snapshot(self) -> StateSnapshot:
+        s = self.engine.stats()
+        return StateSnapshot(
+            requests_waiting=len(self.admission) + s.num_waiting,
+            requests_running=s.num_running,
+            slots=s.num_slots,
+            kv_blocks_total=s.num_kv_blocks,
+            kv_blocks_used=s.num_kv_blocks_used,
+            preemptions=s.num_preemptions,
+        )
+
+    def enter(self) -> None:
+        self.in_flight += 1
+        if self._idle is not None:
+            self._idle.clear()
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        assert self.in_flight >= 0
+        if self.in_flight == 0 and self._idle is not None:
+            self._idle.set()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """True if every in-flight request finished within timeout_s."""
+        if self._idle is None:
+            self._idle = asyncio.Event()
+        if self.in_flight == 0:
+            return True
+        self._idle.clear()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.flotilla
+
+
+State = Annotated[ServerState, Depends(_state)]
