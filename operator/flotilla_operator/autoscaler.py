@@ -171,7 +171,10 @@ def decide(spec: ScalingSpec, obs: Observation, state: AutoscalerState) -> Decis
     idle_since = state.idle_since_s if demand == 0 else None
     if demand == 0 and idle_since is None:
         idle_since = obs.now_s
-    history = _trim((*state.recommendations, Recommendation(obs.now_s, recommendation)), spec, obs.now_s)
+    # A model seen for the first time (or after its whole history expired) remembers its current
+    # size as a recommendation, so nothing shrinks before one full window of evidence (as the HPA).
+    seed = () if state.recommendations else (Recommendation(obs.now_s, current),)
+    history = _trim((*state.recommendations, *seed, Recommendation(obs.now_s, recommendation)), spec, obs.now_s)
     new_state = AutoscalerState(history, idle_since)
 
     def done(desired: int, reason: str, note: str) -> Decision:
@@ -188,7 +191,8 @@ def decide(spec: ScalingSpec, obs: Observation, state: AutoscalerState) -> Decis
             # adding more before they are ready is the overshoot cascade (AIBrix #2670).
             return done(current, REASON_PENDING_REPLICAS, f"recommend {recommendation}, waiting for "
                         f"{obs.starting_replicas} starting replicas before adding more")
-        up_to = min(_window(history, spec.scale_up_stabilization_s, obs.now_s))
+        up_window = _window(history, spec.scale_up_stabilization_s, obs.now_s)
+        up_to = min(up_window) if spec.scale_up_stabilization_s > 0 else recommendation
         if up_to <= current:
             return done(current, REASON_SCALE_UP_STABILIZING, f"recommend {recommendation}, lowest in the "
                         f"{spec.scale_up_stabilization_s:g}s scale-up window is {up_to}")

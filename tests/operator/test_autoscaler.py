@@ -34,6 +34,11 @@ def history(*pairs: tuple[float, int]) -> AutoscalerState:
     return AutoscalerState(tuple(Recommendation(NOW - ago, n) for ago, n in pairs))
 
 
+def idle(seconds: float) -> AutoscalerState:
+    """Idle for `seconds`, with a zero recommendation already in the window."""
+    return AutoscalerState((Recommendation(NOW - min(seconds, 20), 0),), NOW - seconds)
+
+
 @dataclass(frozen=True)
 class Case:
     id: str
@@ -58,7 +63,8 @@ CASES = [
     Case("tolerance holds just above", COST, pool(8, 9), 2, 2, a.REASON_WITHIN_TOLERANCE),  # 17/16
     Case("beyond tolerance scales up", COST, pool(8, 10), 2, 3, a.REASON_SCALE_UP),  # 18/16
     Case("tolerance holds just below", COST_WIDE, pool(40, 32), 10, 10, a.REASON_WITHIN_TOLERANCE),  # 72/80
-    Case("below tolerance scales down", COST_WIDE, pool(40, 31), 10, 9, a.REASON_SCALE_DOWN),  # 71/80
+    Case("below tolerance scales down", COST_WIDE, pool(40, 31), 10, 9, a.REASON_SCALE_DOWN,
+         state=history((20, 9))),  # 71/80
     # clamps
     Case("clamp at max", COST, pool(4, 96), 4, 4, a.REASON_STABLE),
     Case("clamp at min", replace(COST, min_replicas=2), pool(0, 0, 2), 2, 2, a.REASON_STABLE),
@@ -74,7 +80,8 @@ CASES = [
     # scale-down stabilization window: the highest recommendation in the window wins
     Case("window holds a scale-down", COST, pool(0, 0, 4), 4, 4, a.REASON_SCALE_DOWN_STABILIZING,
          state=history((10, 4))),
-    Case("window passed", COST, pool(0, 0, 4), 4, 1, a.REASON_SCALE_DOWN, state=history((40, 4))),
+    Case("window passed", COST, pool(0, 0, 4), 4, 1, a.REASON_SCALE_DOWN, state=history((40, 4), (20, 1))),
+    Case("first sight waits a full window", COST, pool(0, 0, 4), 4, 4, a.REASON_SCALE_DOWN_STABILIZING),
     Case("highest in window wins", COST, pool(0, 0, 4), 4, 3, a.REASON_SCALE_DOWN,
          state=history((50, 4), (20, 3), (5, 2))),
     # pending guard: starting replicas are capacity to come
@@ -87,11 +94,11 @@ CASES = [
          state=AutoscalerState((), NOW - 3600)),
     # scale to zero: cost-first only, after the idle window
     Case("zero after idle window", COST_ZERO, pool(0, 0), 1, 0, a.REASON_SCALE_TO_ZERO,
-         state=AutoscalerState((), NOW - 61)),
+         state=idle(61)),
     Case("idle window not over", COST_ZERO, pool(0, 0), 1, 1, a.REASON_IDLE_WINDOW,
-         state=AutoscalerState((), NOW - 30)),
+         state=idle(30)),
     Case("down to 1 before zero", COST_ZERO, pool(0, 0, 3), 3, 1, a.REASON_SCALE_DOWN,
-         state=AutoscalerState((), NOW - 5)),
+         state=idle(5)),
     Case("cost-first min 1 stays at 1", COST, pool(0, 0), 1, 1, a.REASON_STABLE,
          state=AutoscalerState((), NOW - 3600)),
     Case("latency-first never below 1", replace(LATENCY, min_replicas=0), pool(0, 0), 1, 1, a.REASON_STABLE,
