@@ -27,6 +27,13 @@ def parse_bytes(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
+def _size_flag(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 @dataclass(frozen=True)
 class ServerSettings:
     model: str = "tiny"
@@ -80,7 +87,7 @@ _FLAGS: list[tuple[str, str, object, str]] = [
     ("--prefill-chunk", "prefill_chunk", int, "Longest prefill piece of one sequence in one step."),
     ("--block-size", "block_size", int, "KV-cache positions per block (a power of two)."),
     ("--num-kv-blocks", "num_kv_blocks", int, "KV-cache pool size in blocks (overrides --kv-cache-memory)."),
-    ("--kv-cache-memory", "kv_cache_memory_bytes", parse_bytes,
+    ("--kv-cache-memory", "kv_cache_memory_bytes", _size_flag,
      "KV-cache pool size in bytes, e.g. 8Gi; default: enough for every slot at --max-model-len."),
     ("--max-model-len", "max_model_len", int, "Context limit (prompt + output tokens); default: the model's."),
     ("--queue-depth-per-slot", "queue_depth_per_slot", int,
@@ -90,7 +97,7 @@ _FLAGS: list[tuple[str, str, object, str]] = [
      "On SIGTERM, how long in-flight requests may take to finish before the process exits, seconds."),
     ("--dtype", "dtype", str, f"Weights and KV-cache dtype: {', '.join(defaults.DTYPES)}."),
     ("--device", "device", str, "cpu or cuda[:N]."),
-    ("--max-body-bytes", "max_body_bytes", parse_bytes, "Largest request body accepted; larger gets 413."),
+    ("--max-body-bytes", "max_body_bytes", _size_flag, "Largest request body accepted; larger gets 413."),
     ("--log-level", "log_level", str, "debug, info, warning or error."),
 ]
 
@@ -113,7 +120,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         if env in environ:
             try:
                 default = kind(environ[env])  # type: ignore[operator]
-            except ValueError as e:
+            except (ValueError, argparse.ArgumentTypeError) as e:
                 parser.error(f"{env}={environ[env]!r}: {e}")
         parser.add_argument(flag, dest=name, type=kind, default=default,
                             help=f"{text} [env {env}; default {getattr(base, name)}]")

@@ -40,8 +40,8 @@ class ServerState:
             requests_waiting=len(self.admission) + s.num_waiting,
             requests_running=s.num_running,
             slots=s.num_slots,
-            kv_blocks_total=s.num_kv_blocks,
-            kv_blocks_used=s.num_kv_blocks_used,
+            kv_blocks_total=s.kv_blocks_total,
+            kv_blocks_used=s.kv_blocks_used,
             preemptions=s.num_preemptions,
         )
 
