@@ -1,0 +1,85 @@
+"""Fixtures for engine tests: small random Hugging Face models, the transformers reference, a driver."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+from flotilla_server.config import EngineConfig
+from flotilla_server.engine_core import EngineCore
+from flotilla_server.model import LoadedModel, load_model
+from flotilla_server.sampling_params import SamplingParams
+
+from tests.support.hf_models import make_hf_model_dir
+
+# every architecture, with grouped-query attention and tied embeddings among them
+ARCH_CASES = {
+    "llama": ("llama", {}),
+    "mistral": ("mistral", {"num_key_value_heads": 1}),
+    "qwen2": ("qwen2", {"tie_word_embeddings": True}),
+    "qwen3": ("qwen3", {"tie_word_embeddings": True}),
+}
+
+
+@pytest.fixture(scope="session")
+def hf_model(tmp_path_factory: pytest.TempPathFactory):
+    """hf_model(case) -> (directory, LoadedModel), built once per session."""
+    cache: dict[str, tuple[Path, LoadedModel]] = {}
+
+    def get(case: str) -> tuple[Path, LoadedModel]:
+        if case not in cache:
+            arch, overrides = ARCH_CASES[case]
+            path = make_hf_model_dir(arch, tmp_path_factory.mktemp(f"engine-{case}"), **overrides)
+            cache[case] = (path, load_model(str(path), "float32", "cpu"))
+        return cache[case]
+
+    return get
+
+
+def random_prompts(lengths: Sequence[int], seed: int = 0, vocab: int = 380) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(n)] for n in lengths]
+
+
+def hf_greedy(path: Path, prompts: Sequence[Sequence[int]], max_new_tokens: Sequence[int]) -> list[list[int]]:
+    """transformers `generate(do_sample=False)`, one prompt at a time (no padding), EOS ignored."""
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    out = []
+    for prompt, n in zip(prompts, max_new_tokens, strict=True):
+        ids = torch.tensor([list(prompt)])
+        ids = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+            do_sample=False, pad_token_id=0,
+        )
+        out.append(ids[0, len(prompt):].tolist())
+    return out
+
+
+def make_engine(loaded: LoadedModel, **config) -> EngineCore:
+    return EngineCore(EngineConfig(model="unused", **config), loaded=loaded)
+
+
+def run_to_completion(engine: EngineCore, requests: dict[str, tuple[list[int], SamplingParams]],
+                      max_steps: int = 10_000) -> dict[str, dict]:
+    """Adds every request, steps until all finish; returns per request its tokens, text, finish reason."""
+    results = {rid: {"token_ids": [], "text": "", "finish_reason": None} for rid in requests}
+    for rid, (prompt, params) in requests.items():
+        engine.add_request(rid, prompt, params)
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            break
+        for out in engine.step():
+            r = results[out.request_id]
+            r["token_ids"] += out.token_ids
+            r["text"] += out.text
+            if out.finished:
+                r["finish_reason"] = out.finish_reason
+    assert not engine.has_unfinished(), "the engine did not finish within max_steps"
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks, "blocks leaked"
+    return results
