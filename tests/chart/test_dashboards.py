@@ -1,0 +1,146 @@
+"""The Grafana dashboards: fixed uids, a datasource variable, model/namespace selectors, queries that parse
+and use only series that the server and the operator export. e2e/test_dashboards.py runs them for real."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics import MetricWrapperBase
+
+from tests.chart.dashboard_queries import (
+    load_dashboards,
+    metric_names,
+    panels,
+    queries,
+    substitute,
+    variables,
+)
+
+DASHBOARDS = load_dashboards()
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+
+
+SERIES_SUFFIXES = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"], "gauge": [""]}
+
+
+def exported_names(registry: CollectorRegistry) -> set[str]:
+    """Series names as Prometheus stores them: counters gain _total, histograms _bucket/_sum/_count."""
+    return {f.name + s for f in registry.collect() for s in SERIES_SUFFIXES[f.type]}
+
+
+def system_series() -> set[str]:
+    from flotilla_operator import metrics as operator_metrics
+    from flotilla_server.metrics import ServerMetrics, StateSnapshot
+
+    server = ServerMetrics("m", lambda: StateSnapshot(0, 0, 1, 1, 0, 0))
+    operator = CollectorRegistry()
+    for collector in vars(operator_metrics).values():
+        if isinstance(collector, MetricWrapperBase):
+            operator.register(collector)
+    return exported_names(server.registry) | exported_names(operator)
+
+
+def test_dashboards_have_fixed_uids_and_titles() -> None:
+    assert {name: d["uid"] for name, d in DASHBOARDS.items()} == {
+        "flotilla-fleet.json": "flotilla-fleet", "flotilla-model.json": "flotilla-model"}
+    assert {d["title"] for d in DASHBOARDS.values()} == {"Flotilla fleet", "Flotilla model"}
+    assert all("id" not in d or d["id"] is None for d in DASHBOARDS.values())
+
+
+@pytest.mark.parametrize("name", sorted(DASHBOARDS))
+def test_datasource_variable_and_selectors(name: str) -> None:
+    by_name = {v["name"]: v for v in variables(DASHBOARDS[name])}
+    assert by_name["datasource"]["type"] == "datasource" and by_name["datasource"]["query"] == "prometheus"
+    for selector in ("namespace", "model"):
+        assert by_name[selector]["type"] == "query"
+        assert by_name[selector]["datasource"] == DATASOURCE
+    for panel in panels(DASHBOARDS[name]):
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == DATASOURCE, panel["title"]
+        assert panel["targets"], f"panel {panel['title']!r} has no query"
+        for target in panel["targets"]:
+            assert target["datasource"] == DATASOURCE, panel["title"]
+            assert 'model=~"$model"' in target["expr"], f"{panel['title']}: query ignores the model selector"
+            assert 'namespace=~"$namespace"' in target["expr"], f"{panel['title']}: ignores the namespace selector"
+
+
+@pytest.mark.parametrize("name", sorted(DASHBOARDS))
+def test_panel_ids_unique_and_grid_does_not_overlap(name: str) -> None:
+    all_panels = list(panels(DASHBOARDS[name]))
+    assert len({p["id"] for p in all_panels}) == len(all_panels)
+    cells: dict[tuple[int, int], str] = {}
+    for p in all_panels:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24, p["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, f"{p['title']!r} overlaps {cells[(x, y)]!r}"
+                cells[(x, y)] = p["title"]
+
+
+def test_fleet_dashboard_has_the_required_panels() -> None:
+    fleet = DASHBOARDS["flotilla-fleet.json"]
+    exprs: dict[str, str] = {}
+    for q in queries(fleet):
+        exprs[q.panel] = exprs.get(q.panel, "") + q.expr
+    required = {
+        "Replicas: desired and ready": "flotilla_operator_ready_replicas",
+        "Queue depth": "flotilla_requests_waiting",
+        "Running requests": "flotilla_requests_running",
+        "429/s by reason": "queue_full|queue_timeout",
+        "499/s by reason": "client_gone|slow_client",
+        "Time to first token": "flotilla_time_to_first_token_seconds_bucket",
+        "Inter-token latency p95": "histogram_quantile(0.95",
+        "Output tokens/s": "flotilla_generation_tokens_total",
+        "KV cache usage": "flotilla_kv_cache_usage_ratio",
+        "Autoscaler decisions": "flotilla_operator_autoscaler_decisions_total",
+    }
+    for panel, needle in required.items():
+        assert needle in exprs[panel], panel
+    ttft = [q.expr for q in queries(fleet) if q.panel == "Time to first token"]
+    assert [e.split(",")[0] for e in ttft] == [f"histogram_quantile({q}" for q in ("0.5", "0.95", "0.99")]
+
+
+def test_model_dashboard_breaks_down_by_pod() -> None:
+    model = DASHBOARDS["flotilla-model.json"]
+    titles = {q.panel for q in queries(model)}
+    assert {"Step duration", "Tokens per step", "Queue wait", "Preemptions/s by pod"} <= titles
+    assert any(v["name"] == "pod" for v in variables(model))
+    assert sum("by (pod)" in q.expr for q in queries(model)) >= 5
+
+
+def test_queries_use_only_series_the_system_exports() -> None:
+    exported = system_series()
+    for dashboard in DASHBOARDS.values():
+        for q in queries(dashboard):
+            unknown = metric_names(q.expr) - exported
+            assert not unknown, f"{q.name} queries {sorted(unknown)}, which neither server nor operator exports"
+        for v in variables(dashboard):
+            if v["type"] == "query":
+                assert metric_names(v["definition"]) <= exported, v["name"]
+
+
+def test_every_query_parses_as_promql(tmp_path: Path) -> None:
+    """promtool parses each query (variables substituted) as a recording rule: a syntax error names the panel."""
+    rules = []
+    for dashboard in DASHBOARDS.values():
+        for i, q in enumerate(queries(dashboard)):
+            expr = substitute(q.expr, {"datasource": "prometheus", "namespace": ".*", "model": ".*", "pod": ".*"})
+            rules.append({"record": f"dashboard:{dashboard['uid'].replace('-', '_')}:{i}", "expr": expr,
+                          "labels": {"panel": q.name}})
+    rules_file = tmp_path / "dashboard-queries.yaml"
+    rules_file.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))
+    result = subprocess.run(["promtool", "check", "rules", str(rules_file)], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_substitute_refuses_an_unknown_variable() -> None:
+    assert substitute('rate(x{m=~"$model"}[$__rate_interval])', {"model": "a"}) == 'rate(x{m=~"a"}[1m])'
+    with pytest.raises(KeyError, match="nope"):
+        substitute("up{a=\"$nope\"}", {})

@@ -1,0 +1,160 @@
+"""helm lint --strict and helm template on the chart: what each value turns into, and the errors users can cause."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tests.chart.render import ALL_OPTIONS, CHART, NAMESPACE, by_kind, helm, one, render, template_args
+
+REPO_ROOT = CHART.parents[1]
+
+
+@pytest.mark.parametrize("values_name", ["default", "all-options"])
+def test_helm_lint_strict_passes(values_name: str) -> None:
+    args = ["lint", "--strict", str(CHART), "--namespace", NAMESPACE]
+    if values_name == "all-options":
+        args += ["-f", str(ALL_OPTIONS)]
+    result = helm(*args)
+    assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
+
+
+def test_default_values_render_the_operator_rbac_and_dashboards_only() -> None:
+    kinds = sorted(d["kind"] for d in render("default"))
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "ConfigMap", "CustomResourceDefinition",
+                     "Deployment", "Service", "ServiceAccount"]
+
+
+def test_all_options_render_every_optional_resource() -> None:
+    kinds = sorted(d["kind"] for d in render("all-options"))
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "ConfigMap", "CustomResourceDefinition",
+                     "Deployment", "PodMonitor", "PriorityClass", "PriorityClass", "PrometheusRule", "Service",
+                     "ServiceAccount", "ServiceMonitor"]
+
+
+def container(docs: tuple[dict, ...]) -> dict:
+    (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def test_default_operator_flags_watch_all_namespaces_standalone() -> None:
+    assert container(render("default"))["args"] == [
+        "--all-namespaces",
+        "--prometheus-url=http://prometheus-operated.monitoring.svc:9090",
+        "--default-image=ghcr.io/flotilla-dev/flotilla-server:0.1.0",
+        "--autoscale-interval-s=15",
+        "--standalone",
+        "--health-port=8081",
+        "--metrics-port=8080",
+    ]
+
+
+def test_values_become_operator_flags() -> None:
+    c = container(render("all-options"))
+    assert c["args"] == [
+        "--namespace=team-a",
+        "--namespace=team-b",
+        "--prometheus-url=http://kube-prometheus-stack-prometheus.monitoring.svc:9090",
+        "--default-image=registry.example.com/flotilla/flotilla-server:0.1.0",
+        "--autoscale-interval-s=10",
+        "--peering=flotilla-ha",
+        "--verbose",
+        "--health-port=9081",
+        "--metrics-port=9080",
+        "--drift-interval-s=30",
+    ]
+    assert c["image"].startswith("registry.example.com/flotilla/flotilla-operator@sha256:")
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"metrics": 9080, "health": 9081}
+
+
+def test_operator_flags_parse_with_the_real_cli() -> None:
+    from flotilla_operator.cli import build_parser, settings_from_args
+
+    for values_name in ("default", "all-options"):
+        settings = settings_from_args(build_parser().parse_args(container(render(values_name))["args"]))
+        assert settings.metrics_port in (8080, 9080)
+
+
+def test_default_image_is_the_chart_app_version() -> None:
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert container(render("default"))["image"] == f"ghcr.io/flotilla-dev/flotilla-operator:{app_version}"
+
+
+def test_operator_runs_non_root_read_only_without_privileges() -> None:
+    deployment = one(render("default"), "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = container(render("default"))["securityContext"]
+    assert sc == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+    assert container(render("default"))["resources"]["limits"]["memory"]
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_recommended_labels_on_every_chart_resource() -> None:
+    for doc in render("all-options"):
+        if doc["kind"] == "CustomResourceDefinition":
+            continue  # crds/ is copied verbatim, never templated
+        labels = doc["metadata"]["labels"]
+        for key in ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
+                    "app.kubernetes.io/component", "app.kubernetes.io/managed-by", "helm.sh/chart"):
+            assert key in labels, f"{doc['kind']}/{doc['metadata']['name']} lacks label {key}"
+
+
+def test_dashboards_are_configmaps_with_configurable_label() -> None:
+    default = by_kind(render("default"), "ConfigMap")
+    assert all(cm["metadata"]["labels"]["grafana_dashboard"] == "1" for cm in default)
+    relabelled = by_kind(render("default", "dashboards.labelKey=team/dashboard", "dashboards.labelValue=yes"),
+                         "ConfigMap")
+    assert all(cm["metadata"]["labels"]["team/dashboard"] == "yes" for cm in relabelled)
+    uids = set()
+    for cm in default:
+        ((name, text),) = cm["data"].items()
+        assert json.loads(text) == json.loads((REPO_ROOT / "dashboards" / name).read_text())
+        uids.add(json.loads(text)["uid"])
+    assert uids == {"flotilla-fleet", "flotilla-model"}
+    assert not by_kind(render("default", "dashboards.enabled=false"), "ConfigMap")
+
+
+def test_cluster_role_binding_names_the_operator_service_account() -> None:
+    docs = render("all-options")
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == one(docs, "ClusterRole")["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "flotilla-operator", "namespace": NAMESPACE}]
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "flotilla-operator"
+
+
+def test_service_monitor_honours_the_operator_namespace_label() -> None:
+    (endpoint,) = one(render("all-options"), "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["honorLabels"] is True and endpoint["port"] == "metrics"
+
+
+def test_pod_monitor_follows_watched_namespaces() -> None:
+    spec = one(render("all-options"), "PodMonitor")["spec"]
+    assert spec["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+    spec = one(render("default", "podMonitor.enabled=true"), "PodMonitor")["spec"]
+    assert spec["namespaceSelector"] == {"any": True}
+
+
+def test_prometheus_rule_is_the_alert_file_verbatim() -> None:
+    rule = one(render("all-options"), "PrometheusRule")
+    source = yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())
+    assert rule["spec"] == source
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["replicaCount=2"], "replicaCount > 1 needs operator.peering.enabled=true"),
+        (["serviceAccount.create=false"], "serviceAccount.name is required when serviceAccount.create is false"),
+        (["operator.prometheusUrl="], "operator.prometheusUrl is required"),
+    ],
+)
+def test_user_errors_say_what_to_change(sets: list[str], message: str) -> None:
+    result = helm(*template_args(None, *sets), check=False)
+    assert result.returncode != 0
+    assert message in result.stderr
