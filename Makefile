@@ -41,6 +41,8 @@ bench: setup
 
 generate: setup
 	$(PY) -m flotilla_operator.generate
+	# the chart's copies of dashboards/ and of deploy/rbac.yaml's ClusterRole rules
+	$(PY) scripts/generate_chart_files.py
 
 clean:
 	rm -rf $(VENV) .tools .pytest_cache .ruff_cache .hypothesis
