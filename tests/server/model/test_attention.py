@@ -1,0 +1,64 @@
+"""Paged attention equals dense causal attention, for any mix of prefill chunks and decode rows."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from flotilla_server.model.attention import AttentionBatch, paged_attention
+
+
+def test_slot_mapping_follows_the_block_tables():
+    b = AttentionBatch.build([3, 1], [5, 18], [[7], [2, 4, 9]], block_size=8, device="cpu")
+    # seq 0: positions 2..4 in block 7; seq 1: position 17 is offset 1 of its third block (9)
+    assert b.slot_mapping.tolist() == [58, 59, 60, 9 * 8 + 1]
+    assert len(b.prefills) == 1 and b.decode is not None and b.decode.num_seqs == 1
+
+
+def test_a_short_block_table_is_refused():
+    with pytest.raises(ValueError, match="blocks"):
+        AttentionBatch.build([4], [20], [[0]], block_size=16, device="cpu")
+
+
+def _dense_reference(q, k_seq, v_seq, context_len, query_len, scale):
+    """q: [L, H, d]; k_seq, v_seq: [C, KV, d]; query i at position C - L + i sees keys <= it."""
+    group = q.shape[1] // k_seq.shape[1]
+    k = k_seq.repeat_interleave(group, dim=1)
+    v = v_seq.repeat_interleave(group, dim=1)
+    scores = torch.einsum("lhd,chd->hlc", q, k) * scale
+    q_pos = torch.arange(context_len - query_len, context_len)[:, None]
+    scores = scores.masked_fill(torch.arange(context_len)[None, :] > q_pos, float("-inf"))
+    return torch.einsum("hlc,chd->lhd", scores.softmax(-1), v)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (4, 2), (8, 1)])
+@pytest.mark.parametrize("seed", range(4))
+def test_matches_dense_attention(heads, kv_heads, seed):
+    rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
+    head_dim, block_size, num_blocks = 8, 4, 128
+    # (query_len, context_len): fresh prefills, continued chunks, then decodes of various lengths
+    shapes = [(rng.randint(2, 9), 0) for _ in range(2)] + [(rng.randint(2, 6), rng.randint(1, 20))]
+    shapes = [(q, q + c) for q, c in shapes] + [(1, rng.randint(1, 30)) for _ in range(rng.randint(0, 5))]
+    free = rng.sample(range(num_blocks), num_blocks)  # scattered, non-contiguous blocks
+    tables = [[free.pop() for _ in range(-(-c // block_size))] for _, c in shapes]
+    k_cache = torch.randn(num_blocks * block_size, kv_heads, head_dim, generator=gen)
+    v_cache = torch.randn(num_blocks * block_size, kv_heads, head_dim, generator=gen)
+    total = sum(q for q, _ in shapes)
+    q = torch.randn(total, heads, head_dim, generator=gen)
+    k_new = torch.randn(total, kv_heads, head_dim, generator=gen)
+    v_new = torch.randn(total, kv_heads, head_dim, generator=gen)
+
+    batch = AttentionBatch.build([s[0] for s in shapes], [s[1] for s in shapes], tables, block_size, "cpu")
+    k_cache.index_copy_(0, batch.slot_mapping, k_new)
+    v_cache.index_copy_(0, batch.slot_mapping, v_new)
+    out = paged_attention(q, k_new, v_new, k_cache, v_cache, batch, scale=0.3)
+
+    start = 0
+    for (query_len, context_len), table in zip(shapes, tables, strict=True):
+        slots = torch.tensor([table[p // block_size] * block_size + p % block_size for p in range(context_len)])
+        expected = _dense_reference(q[start:start + query_len], k_cache[slots], v_cache[slots],
+                                    context_len, query_len, 0.3)
+        torch.testing.assert_close(out[start:start + query_len], expected, atol=1e-5, rtol=1e-5)
+        start += query_len

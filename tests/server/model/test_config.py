@@ -1,0 +1,84 @@
+"""ModelConfig.from_hf folds each family's config.json into one shape, and refuses what it cannot run."""
+
+from __future__ import annotations
+
+import pytest
+from flotilla_server.model.config import ModelConfig, RopeScaling, UnsupportedModelError
+
+BASE = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+
+
+def cfg(**kw) -> ModelConfig:
+    return ModelConfig.from_hf({**BASE, **kw})
+
+
+def test_llama_defaults():
+    c = cfg(model_type="llama", eos_token_id=2, bos_token_id=1)
+    assert (c.head_dim, c.num_queries_per_kv, c.qkv_bias, c.o_bias, c.qk_norm) == (16, 2, False, False, False)
+    assert c.eos_token_ids == (2,) and c.bos_token_id == 1 and c.rope_scaling is None
+
+
+def test_llama_attention_bias_covers_o_proj():
+    c = cfg(model_type="llama", attention_bias=True, mlp_bias=True)
+    assert (c.qkv_bias, c.o_bias, c.mlp_bias) == (True, True, True)
+
+
+def test_qwen2_has_qkv_bias_without_saying_so():
+    c = cfg(model_type="qwen2")
+    assert (c.qkv_bias, c.o_bias) == (True, False)
+
+
+def test_qwen3_qk_norm_and_explicit_head_dim():
+    c = cfg(model_type="qwen3", head_dim=32)
+    assert c.qk_norm and c.head_dim == 32
+
+
+def test_mha_when_kv_heads_absent():
+    c = ModelConfig.from_hf({**{k: v for k, v in BASE.items() if k != "num_key_value_heads"}, "model_type": "llama"})
+    assert c.num_kv_heads == 4
+
+
+@pytest.mark.parametrize("style", ["v4", "v5"])
+def test_llama3_rope_scaling_in_both_config_styles(style):
+    if style == "v4":
+        c = cfg(model_type="llama", rope_theta=500000.0, rope_scaling=LLAMA3_ROPE)
+    else:
+        c = cfg(model_type="llama", rope_parameters={**LLAMA3_ROPE, "rope_theta": 500000.0})
+    assert c.rope_theta == 500000.0
+    assert c.rope_scaling == RopeScaling("llama3", 8.0, 1.0, 4.0, 8192)
+
+
+def test_default_rope_parameters_mean_no_scaling():
+    c = cfg(model_type="qwen2", rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+    assert c.rope_scaling is None and c.rope_theta == 1e6
+
+
+def test_eos_list_and_tied_embeddings():
+    c = cfg(model_type="llama", eos_token_id=[128001, 128009], tie_word_embeddings=True)
+    assert c.eos_token_ids == (128001, 128009) and c.tie_word_embeddings
+
+
+@pytest.mark.parametrize(("extra", "limit"), [
+    ({"model_type": "mistral", "sliding_window": 128}, 128),
+    ({"model_type": "mistral", "sliding_window": None}, 512),
+    ({"model_type": "qwen2", "sliding_window": 128, "use_sliding_window": False}, 512),
+    ({"model_type": "qwen2", "sliding_window": 128, "use_sliding_window": True}, 128),
+])
+def test_active_sliding_window_caps_the_context(extra, limit):
+    assert cfg(**extra).max_position_embeddings == limit
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
+    ({"model_type": "qwen3_moe"}, "choose a model of one of these families"),
+    ({"model_type": "llama", "architectures": ["LlamaForSequenceClassification"]}, "expected LlamaForCausalLM"),
+    ({"model_type": "llama", "hidden_act": "gelu"}, "hidden_act 'gelu'"),
+    ({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
+    ({"model_type": "llama", "num_key_value_heads": 3}, "multiple of num_key_value_heads"),
+])
+def test_unsupported_configs_say_what_to_change(extra, message):
+    with pytest.raises(UnsupportedModelError, match=message):
+        cfg(**extra)
