@@ -1,0 +1,61 @@
+"""Static checks of the image recipes, since no docker engine runs here: multi-stage, non-root, pinned base,
+torch pinned through constraints.txt, and an operator image that installs everything the operator imports."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+
+import pytest
+
+from tests.chart.render import REPO_ROOT
+
+DOCKERFILES = {name: REPO_ROOT / "docker" / f"{name}.Dockerfile" for name in ("server", "operator")}
+PINNED_BASE = re.compile(r"^ARG PYTHON_IMAGE=python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?$", re.M)
+IMPORT_TO_DISTRIBUTION = {"yaml": "pyyaml", "prometheus_client": "prometheus-client"}
+FIRST_PARTY = {"flotilla_operator", "flotilla_server"}
+
+
+@pytest.mark.parametrize("name", sorted(DOCKERFILES))
+def test_image_is_multi_stage_non_root_on_a_pinned_base(name: str) -> None:
+    text = DOCKERFILES[name].read_text()
+    assert PINNED_BASE.search(text), f"{name}: pin the base image to an exact python:3.11.x-slim-bookworm tag"
+    assert len(re.findall(r"^FROM ", text, re.M)) >= 2, f"{name}: build and runtime stages"
+    (user,) = re.findall(r"^USER (\S+)$", text, re.M)
+    assert user.split(":")[0] not in ("0", "root"), f"{name} runs as root"
+    assert "COPY --from=build /opt/flotilla /opt/flotilla" in text
+    for source in re.findall(r"^COPY (?!--from)(.+) \S+$", text, re.M):
+        for path in source.split():
+            assert (REPO_ROOT / path).exists(), f"{name}: COPY {path} does not exist"
+
+
+def test_server_image_pins_torch_through_constraints() -> None:
+    text = DOCKERFILES["server"].read_text()
+    assert "torch==2.13.0" in (REPO_ROOT / "constraints.txt").read_text().splitlines()
+    assert re.search(r'pip install --index-url "\$\{TORCH_INDEX_URL\}" -c constraints\.txt torch==2\.13\.0', text)
+    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in text
+    assert "pip install -c constraints.txt ." in text
+
+
+def third_party_imports(paths: list) -> set[str]:
+    found = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found.add(node.module.split(".")[0])
+    return found - set(sys.stdlib_module_names) - FIRST_PARTY - {"__future__"}
+
+
+def test_operator_image_installs_every_operator_import_and_no_torch() -> None:
+    text = DOCKERFILES["operator"].read_text()
+    (packages,) = re.findall(r"pip install -c constraints\.txt ([a-z0-9 -]+) \\", text)
+    installed = set(packages.split())
+    sources = sorted((REPO_ROOT / "operator" / "flotilla_operator").rglob("*.py"))
+    sources.append(REPO_ROOT / "server" / "flotilla_server" / "config.py")  # the operator reads its defaults
+    needed = {IMPORT_TO_DISTRIBUTION.get(m, m) for m in third_party_imports(sources)}
+    assert needed <= installed, f"operator image lacks {sorted(needed - installed)}"
+    assert "torch" not in installed
+    assert "pip install --no-deps ." in text
