@@ -21,10 +21,19 @@ def test_helm_lint_strict_passes(values_name: str) -> None:
     assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout
 
 
-def test_default_values_render_the_operator_rbac_and_dashboards_only() -> None:
+def test_default_values_render_operator_rbac_priority_classes_and_dashboards() -> None:
     kinds = sorted(d["kind"] for d in render("default"))
     assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "ConfigMap", "CustomResourceDefinition",
-                     "Deployment", "Service", "ServiceAccount"]
+                     "Deployment", "PriorityClass", "PriorityClass", "Service", "ServiceAccount"]
+
+
+def test_priority_classes_carry_the_names_the_operator_uses() -> None:
+    from flotilla_operator.placement import PRIORITY_CLASS
+
+    classes = {pc["metadata"]["name"]: pc for pc in by_kind(render("default"), "PriorityClass")}
+    assert set(classes) == set(PRIORITY_CLASS.values())
+    assert classes["flotilla-latency-first"]["value"] > classes["flotilla-cost-first"]["value"]
+    assert classes["flotilla-cost-first"]["preemptionPolicy"] == "Never"
 
 
 def test_all_options_render_every_optional_resource() -> None:
