@@ -21,6 +21,7 @@ def create_app(state: ServerState, max_body_bytes: int) -> FastAPI:
         state.engine.add_step_listener(state.admission.signal_capacity)
         state.engine.add_step_listener(
             lambda record: state.metrics.observe_step(record.duration_s, record.num_tokens))
+        state.engine.add_abort_listener(state.on_abort)
         state.ready = True
         try:
             yield

@@ -29,6 +29,8 @@ class ServerState:
     draining: bool = False
     ready: bool = False
     in_flight: int = 0  # requests past the drain check and not yet answered (queued or running)
+    live: set[str] = field(default_factory=set)  # admitted requests whose outcome is not yet counted
+    slow_clients: set[str] = field(default_factory=set)  # live requests the engine cut off as slow_client
     _idle: asyncio.Event | None = None
 
     def __post_init__(self) -> None:
@@ -44,6 +46,13 @@ class ServerState:
             kv_blocks_used=s.kv_blocks_used,
             preemptions=s.num_preemptions,
         )
+
+    def on_abort(self, request_id: str, reason: str) -> None:
+        """Engine abort hook: counts a slow client once, when its stream overflows (the handler may be stuck
+        sending to that very client and cannot count it)."""
+        if reason == "slow_client" and request_id in self.live and request_id not in self.slow_clients:
+            self.slow_clients.add(request_id)
+            self.metrics.count_rejection("slow_client")
 
     def enter(self) -> None:
         self.in_flight += 1

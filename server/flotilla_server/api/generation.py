@@ -70,6 +70,8 @@ class _Outcome:
         self.code: int | None = None
         self.reason: str | None = None
         self.engine_done = False
+        self.closed = False
+        state.live.add(request_id)
 
     def finish(self, code: int, reason: str | None = None) -> None:
         if self.code is None:
@@ -77,20 +79,26 @@ class _Outcome:
 
     def close(self) -> None:
         """Idempotent: abort the engine request if it still runs, count the outcome, leave in-flight."""
-        if self.code == -1:
+        if self.closed:
             return
+        self.closed = True
+        state, rid = self.state, self.request_id
         if not self.engine_done:
-            self.state.engine.abort(self.request_id, self.reason or "client_gone")
             self.finish(CLIENT_GONE, "client_gone")
+            state.engine.abort(rid, "client_gone")
         code, reason = self.code or CLIENT_GONE, self.reason
-        self.code = -1
-        m = self.state.metrics
-        m.count_request(code)
-        if reason is not None:
+        slow = rid in state.slow_clients  # counted when the engine cut it off
+        state.live.discard(rid)
+        state.slow_clients.discard(rid)
+        m = state.metrics
+        m.count_request(CLIENT_GONE if slow else code)
+        if slow:
+            log.info("request %s: client read too slowly; cancelled (slow_client)", rid)
+        elif reason is not None:
             m.count_rejection(reason)
             if reason == "client_gone":
-                log.info("request %s: client went away; generation cancelled (499)", self.request_id)
-        self.state.leave()
+                log.info("request %s: client went away; generation cancelled (499)", rid)
+        state.leave()
 
 
 async def admit(request: Request, state: ServerState, job: Job) -> tuple[Any, float]:
@@ -241,7 +249,7 @@ async def _sse_body(state: ServerState, job: Job, stream: Any, outcome: _Outcome
             if event.finish_reason == "abort":
                 outcome.engine_done = True
                 message, code = _abort_message(event.abort_reason)
-                outcome.finish(CLIENT_GONE, "slow_client") if code == "slow_client" else outcome.finish(500)
+                outcome.finish(CLIENT_GONE if code == "slow_client" else 500)
                 yield sse.sse_event(sse.error_chunk(message, code))
                 yield sse.DONE
                 return
