@@ -1,0 +1,177 @@
+"""The reconcile loop body: gather facts, apply the desired children, write the status we own.
+
+Every entry point (create, update, resume, the drift timer, child Deployment events) lands here,
+so they all converge on the same state. Decisions live in pure modules (manifests, apply.plan_child,
+status); this module only sequences API calls around them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+import pydantic
+
+from flotilla_operator import metrics, types
+from flotilla_operator.apply import apply_child, prune_children
+from flotilla_operator.kube import KubeClient, KubeError
+from flotilla_operator.manifests import (
+    Owner,
+    desired_children,
+    desired_replicas,
+    endpoint,
+    pod_selector_string,
+)
+from flotilla_operator.settings import OperatorSettings
+from flotilla_operator.status import Observed, Problem, compute_status, status_changed
+
+PRUNABLE_KINDS = (("policy/v1", "PodDisruptionBudget"), ("monitoring.coreos.com/v1", "ServiceMonitor"))
+NOT_PROBLEMS = ("AsExpected", "ReplicasLost")  # Degraded reasons that come from observation, not from the spec
+STATUS_WRITE_ATTEMPTS = 4
+
+
+@dataclass
+class Context:
+    """What handlers share, kept in kopf's memo: settings, the API client, one lock per model."""
+
+    settings: OperatorSettings
+    kube: KubeClient
+    monitoring: bool
+    locks: dict[tuple[str, str], asyncio.Lock] = field(default_factory=dict)
+
+    def lock(self, namespace: str, name: str) -> asyncio.Lock:
+        return self.locks.setdefault((namespace, name), asyncio.Lock())
+
+
+def now_rfc3339() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def object_ref(namespace: str, name: str, uid: str) -> dict[str, Any]:
+    """A minimal body for kopf's event posting."""
+    return {"apiVersion": types.API_VERSION, "kind": types.KIND,
+            "metadata": {"name": name, "namespace": namespace, "uid": uid}}
+
+
+async def find_problems(kube: KubeClient, namespace: str, spec: types.InferenceModelSpec) -> list[Problem]:
+    """Reasons a schema-valid spec cannot be honoured in this cluster right now."""
+    problems = []
+    pvc = spec.model.source.pvc
+    if pvc is not None and await kube.get("v1", "persistentvolumeclaims", namespace, pvc.claim_name) is None:
+        problems.append(Problem(
+            "ClaimNotFound",
+            f'PersistentVolumeClaim "{pvc.claim_name}" does not exist in namespace "{namespace}"; '
+            "create it, or change spec.model.source.pvc.claimName",
+        ))
+    return problems
+
+
+async def reconcile(ctx: Context, body: dict[str, Any], logger: logging.Logger | logging.LoggerAdapter) -> None:
+    """Bring one InferenceModel's children and status to the desired state."""
+    meta = body["metadata"]
+    name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
+    ref = object_ref(namespace, name, uid)
+    metrics.RECONCILES.labels(resource="inferencemodel").inc()
+    try:
+        spec = types.parse_spec(body.get("spec") or {})
+    except pydantic.ValidationError as error:
+        problem = Problem("InvalidSpec", f"the spec cannot be read: {error.errors()[0]['msg']} at "
+                          f"{'.'.join(map(str, error.errors()[0]['loc']))}; fix it and re-apply")
+        await write_status(ctx, namespace, name, [problem])
+        return
+    owner = Owner(name, namespace, uid, spec)
+    problems = await find_problems(ctx.kube, namespace, spec)
+    desired = desired_children(owner, ctx.settings.default_image, ctx.monitoring)
+    if problems:  # pods that cannot start are not created; the Service and PDB are harmless
+        desired = [child for child in desired if child["kind"] != "Deployment"]
+    for child in desired:
+        kind, child_name = child["kind"], child["metadata"]["name"]
+        try:
+            action, _ = await apply_child(ctx.kube, child)
+        except KubeError as error:
+            if error.transient:
+                raise
+            problems.append(Problem("ChildRejected", f"the API server refused {kind} {child_name}: {error.message}"))
+            continue
+        if action != "keep":
+            verb = "Created" if action == "create" else "Updated"
+            logger.info(f"{verb.lower()} {kind} {namespace}/{child_name}")
+            kopf.info(ref, reason=verb, message=f"{verb} {kind} {child_name}")
+    kinds = [k for k in PRUNABLE_KINDS if ctx.monitoring or k[1] != "ServiceMonitor"]
+    for deleted in await prune_children(ctx.kube, namespace, name, uid, desired, kinds):
+        kopf.info(ref, reason="Deleted", message=f"Deleted {deleted}: the spec no longer asks for it")
+    previous = await write_status(ctx, namespace, name, problems)
+    old_messages = _problem_messages(previous)
+    for problem in problems:
+        if problem.message not in old_messages:
+            logger.warning(problem.message)
+            kopf.warn(ref, reason=problem.reason, message=problem.message)
+
+
+def _problem_messages(status: dict[str, Any] | None) -> str:
+    for condition in (status or {}).get("conditions") or []:
+        if condition.get("type") == "Degraded" and condition.get("status") == "True":
+            return condition.get("message", "")
+    return ""
+
+
+def _known_problems(status: dict[str, Any] | None) -> list[Problem]:
+    """Problems found by the last full reconcile, as its Degraded condition recorded them."""
+    for condition in (status or {}).get("conditions") or []:
+        if (condition.get("type") == "Degraded" and condition.get("status") == "True"
+                and condition.get("reason") not in NOT_PROBLEMS):
+            return [Problem(condition["reason"], condition.get("message", ""))]
+    return []
+
+
+async def write_status(ctx: Context, namespace: str, name: str, problems: list[Problem] | None) -> dict[str, Any] | None:
+    """Recompute and write our status fields; `problems` None keeps the last reconcile's findings.
+
+    Returns the status as it was before. Writes carry the resourceVersion they were computed from,
+    so a concurrent writer (the autoscaler) is never overwritten: on conflict, re-read and retry.
+    """
+    for _ in range(STATUS_WRITE_ATTEMPTS):
+        obj = await ctx.kube.get(types.API_VERSION, types.PLURAL, namespace, name)
+        if obj is None or obj["metadata"].get("deletionTimestamp"):
+            return None
+        previous = obj.get("status") or {}
+        try:
+            spec = types.parse_spec(obj.get("spec") or {})
+            desired = desired_replicas(spec)
+            max_replicas = spec.scaling.max_replicas
+        except pydantic.ValidationError:
+            desired, max_replicas = int((obj.get("spec") or {}).get("replicas") or 0), 0
+        deployment = await ctx.kube.get("apps/v1", "deployments", namespace, name)
+        observed = Observed(
+            generation=obj["metadata"].get("generation", 1),
+            desired_replicas=desired,
+            deployment=deployment,
+            problems=tuple(_known_problems(previous) if problems is None else problems),
+            previous_status=previous,
+        )
+        new = compute_status(observed, endpoint(name, namespace), pod_selector_string(name), now_rfc3339())
+        metrics.DESIRED_REPLICAS.labels(namespace=namespace, model=name).set(desired)
+        metrics.READY_REPLICAS.labels(namespace=namespace, model=name).set(new["readyReplicas"])
+        metrics.MAX_REPLICAS.labels(namespace=namespace, model=name).set(max_replicas)
+        if not status_changed(previous, new):
+            return previous
+        patch = {"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}, "status": new}
+        try:
+            await ctx.kube.patch(types.API_VERSION, types.PLURAL, namespace, name, patch, subresource="status")
+            return previous
+        except KubeError as error:
+            if error.status != 409:
+                raise
+    raise KubeError(409, "Conflict", f"status of {namespace}/{name} kept changing under us; will retry")
+
+
+def forget(namespace: str, name: str) -> None:
+    """Drop the gauges of a deleted model."""
+    for gauge in (metrics.DESIRED_REPLICAS, metrics.READY_REPLICAS, metrics.MAX_REPLICAS):
+        with contextlib.suppress(KeyError):
+            gauge.remove(namespace, name)

@@ -1,0 +1,40 @@
+"""Run kopf with Flotilla's handlers and settings; serve the operator's /metrics beside it."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import kopf
+import prometheus_client
+
+from flotilla_operator import handlers
+from flotilla_operator.settings import OperatorSettings
+
+
+def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        """The in-cluster service account first, then the standard kubeconfig."""
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
+    handlers.register_all(registry, settings)
+    return registry
+
+
+def run_operator(settings: OperatorSettings, stop_flag: threading.Event | None = None) -> None:
+    """Block until the operator stops (SIGTERM/SIGINT, or `stop_flag` when given)."""
+    if settings.metrics_port:
+        prometheus_client.start_http_server(settings.metrics_port)
+    kopf.run(
+        registry=build_registry(settings),
+        standalone=settings.standalone,
+        peering_name=settings.peering,
+        clusterwide=settings.all_namespaces,
+        namespaces=list(settings.namespaces),
+        liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz" if settings.health_port else None,
+        memo=kopf.Memo(settings=settings),
+        stop_flag=stop_flag,
+    )
