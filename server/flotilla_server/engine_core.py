@@ -130,6 +130,7 @@ class EngineCore:
                 num_tokens=plan.num_tokens,
                 num_prefill_tokens=plan.num_prefill_tokens,
                 num_decode_seqs=plan.num_decode_seqs,
+                num_prefill_seqs=len(plan.chunks) - plan.num_decode_seqs,
                 num_running=len(self.scheduler.running),
                 num_waiting=len(self.scheduler.waiting),
                 num_preempted=len(plan.preempted),

@@ -30,6 +30,7 @@ class StepRecord:
     num_tokens: int
     num_prefill_tokens: int
     num_decode_seqs: int
+    num_prefill_seqs: int = 0  # sequences with a prefill chunk in this step
     num_running: int = 0  # after the step
     num_waiting: int = 0
     num_preempted: int = 0  # preemptions in this step

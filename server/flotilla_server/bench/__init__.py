@@ -1,0 +1,1 @@
+"""Benchmarks (`flotilla-bench`): they report figures; the tests check behaviour."""

@@ -1,0 +1,33 @@
+"""`flotilla-bench`: one console script, one subcommand per benchmark, each module imported lazily.
+
+A benchmark module exposes `add_arguments(parser)` and `run(args) -> int`; only the chosen one is
+imported, so `flotilla-bench online` never loads torch and `offline` never loads the HTTP client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "offline": ("flotilla_server.bench.offline", "engine throughput: continuous, static, sequential, transformers"),
+    "online": ("flotilla_server.bench.online", "load an OpenAI-compatible server and report latencies"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(prog="flotilla-bench", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            importlib.import_module(module).add_arguments(p)
+    args = parser.parse_args(argv)
+    return importlib.import_module(COMMANDS[args.command][0]).run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""The offline benchmark's figures as a printed table and a PNG (matplotlib, Agg)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def print_table(report: dict[str, Any]) -> None:
+    print(f"{'workload':12s} {'mode':13s} {'requests':>8s} {'out tokens':>10s} {'seconds':>8s} {'tokens/s':>9s}")
+    for name, w in report["workloads"].items():
+        for mode, m in w["modes"].items():
+            print(f"{name:12s} {mode:13s} {m['requests']:8d} {m['output_tokens']:10d} {m['duration_s']:8.1f} "
+                  f"{m['output_tokens_per_s']:9.1f}")
+        ratios = "  ".join(f"{k}={v:.2f}x" for k, v in w.get("ratios", {}).items())
+        print(f"{name:12s} kv_utilization={_fmt(w.get('kv_utilization'), '.3f')} "
+              f"({w.get('kv_utilization_steps', 0)} steps)  forward_fraction={_fmt(w.get('forward_fraction'), '.3f')} "
+              f"({w.get('forward_fraction_steps', 0)} steps)  {ratios}")
+    print(f"threads={report['threads']}  total {report.get('total_s', 0):.0f} s")
+
+
+def plot_results(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = report["workloads"]
+    fig, axes = plt.subplots(2, len(workloads), figsize=(6 * len(workloads), 8), squeeze=False)
+    for col, w in enumerate(workloads.values()):
+        ax = axes[0][col]
+        modes = list(w["modes"])
+        values = [w["modes"][m]["output_tokens_per_s"] for m in modes]
+        bars = ax.bar(modes, values, color=["#2a7", "#58c", "#c85", "#999"][: len(modes)])
+        ax.bar_label(bars, fmt="%.0f")
+        ax.set_title(f"{w['description']}", fontsize=9)
+        ax.set_ylabel("output tokens/s")
+        ratios = ", ".join(f"{k.removeprefix('continuous_over_')} {v:.1f}x" for k, v in w.get("ratios", {}).items())
+        ax.set_xlabel(f"continuous vs: {ratios}", fontsize=8)
+        ax2 = axes[1][col]
+        batch = w.get("continuous_batch_by_step", [])
+        ax2.plot(range(len(batch)), batch, lw=0.8)
+        ax2.set_xlabel("continuous step")
+        ax2.set_ylabel("sequences in the step")
+        ax2.set_title(f"kv_utilization {_fmt(w.get('kv_utilization'), '.3f')}, "
+                      f"forward_fraction {_fmt(w.get('forward_fraction'), '.3f')}", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
