@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from flotilla_server.api.errors import error_body
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+_DISCARD_FACTOR = 16  # beyond this many limits of excess, stop reading and just answer
 
 
 class BodyGuard:
@@ -28,6 +29,7 @@ class BodyGuard:
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            await self._discard(receive)
             await self._refuse(send, 413, self._too_large())
             return
         chunks: list[bytes] = []
@@ -39,6 +41,8 @@ class BodyGuard:
             body = message.get("body", b"")
             size += len(body)
             if size > self.max_body_bytes:
+                if message.get("more_body", False):
+                    await self._discard(receive)
                 await self._refuse(send, 413, self._too_large())
                 return
             chunks.append(body)
@@ -59,6 +63,16 @@ class BodyGuard:
             return await receive()
 
         await self.app(scope, replay, send)
+
+    async def _discard(self, receive: Receive) -> None:
+        """Read and drop the rest of an oversized body (up to a bound), so the client reads a clean 413
+        instead of a connection reset."""
+        dropped = 0
+        while dropped <= _DISCARD_FACTOR * self.max_body_bytes:
+            message = await receive()
+            if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                return
+            dropped += len(message.get("body", b""))
 
     def _too_large(self) -> str:
         return (f"Request body is larger than {self.max_body_bytes} bytes: shorten the prompt or messages "

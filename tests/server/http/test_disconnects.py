@@ -1,0 +1,71 @@
+"""100 clients leave at random points (queued, before the first token, mid-stream): every block comes back,
+each departure is counted as client_gone (499), and nothing is a server error."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from urllib.parse import urlparse
+
+from tests.server.http import raw_http
+
+
+def _wait_for(predicate, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return predicate()
+
+
+def test_random_disconnects_free_everything(server):
+    url = urlparse(server.base_url)
+    gone_before = server.metric("flotilla_rejections_total", reason="client_gone")
+    rng = random.Random(7)
+    plans = [("events", rng.randint(1, 40)) if i % 10 < 7 else ("seconds", rng.uniform(0.1, 0.4))
+             for i in range(100)]
+
+    async def client(i: int, plan: tuple[str, float]) -> str:
+        kind, amount = plan
+        body = {"model": "tiny", "prompt": f"client {i} reads a while", "max_tokens": 400, "ignore_eos": True,
+                "stream": i % 2 == 0}
+        reader, writer = await raw_http.connect(url.hostname, url.port)
+        writer.write(raw_http.request_bytes(url.hostname, url.port, "/v1/completions", body))
+        await writer.drain()
+        try:
+            if kind == "seconds" or not body["stream"]:
+                await asyncio.sleep(amount if kind == "seconds" else amount / 100)
+                return "left while waiting"
+            resp = await raw_http.read_head(reader, time.monotonic())
+            assert resp.status == 200
+            seen = 0
+            while seen < amount:
+                line = await reader.readline()
+                seen += line.startswith(b"data: {")
+            return "left mid-stream"
+        finally:
+            if i % 3 == 0:
+                writer.transport.abort()  # RST instead of FIN: the rudest way to leave
+            else:
+                writer.close()
+
+    async def go():
+        return await asyncio.gather(*(client(i, p) for i, p in enumerate(plans)))
+
+    outcomes = asyncio.run(go())
+    assert len(outcomes) == 100
+
+    def settled() -> bool:
+        m = server.metrics()
+        return (m.get(("flotilla_kv_blocks_used", ()), -1) == 0 and m.get(("flotilla_requests_running", ()), -1) == 0
+                and m.get(("flotilla_requests_waiting", ()), -1) == 0
+                and m.get(("flotilla_rejections_total", (("reason", "client_gone"),)), 0) - gone_before >= 100)
+
+    assert _wait_for(settled, timeout_s=20), server.metrics()
+    assert server.metric("flotilla_rejections_total", reason="client_gone") - gone_before == 100
+    m = server.metrics()
+    assert not [k for k in m if k[0] == "flotilla_requests_total" and k[1][0][1].startswith("5")], m
+    log = server.log()
+    assert "Traceback" not in log and " 500 " not in log and "ERROR" not in log
