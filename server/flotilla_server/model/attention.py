@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .kv_tensors import KVCacheTensors
+
 
 @dataclass(frozen=True)
 class PrefillChunk:
@@ -122,21 +124,18 @@ def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    kv: KVCacheTensors,
+    layer: int,
     batch: AttentionBatch,
     scale: float,
 ) -> torch.Tensor:
     """q: [T, heads, head_dim]; k, v: this step's new rows [T, kv_heads, head_dim], already written to
-    the caches ([slots, kv_heads, head_dim]). Returns [T, heads, head_dim]."""
+    layer `layer` of `kv`. Returns [T, heads, head_dim]."""
     _, num_heads, head_dim = q.shape
-    kv_heads = k_cache.shape[1]
+    kv_heads = kv.k[layer].shape[1]
     group = num_heads // kv_heads
-    bs = batch.block_size
-    k_blocks = k_cache.view(-1, bs, kv_heads, head_dim)
-    v_blocks = v_cache.view(-1, bs, kv_heads, head_dim)
     if not batch.prefills and batch.decode is not None:
-        return _decode(q, k_blocks, v_blocks, batch.decode, group, scale)
+        return _decode(q, kv, layer, batch.decode, group, scale)
 
     out = torch.empty_like(q)
     for p in batch.prefills:
@@ -146,27 +145,27 @@ def paged_attention(
             vs = v[p.token_start:p.token_end].transpose(0, 1)
             o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
         else:
-            ks = k_blocks.index_select(0, p.block_ids).view(-1, kv_heads, head_dim)[:p.context_len]
-            vs = v_blocks.index_select(0, p.block_ids).view(-1, kv_heads, head_dim)[:p.context_len]
-            o = F.scaled_dot_product_attention(
-                qs, ks.transpose(0, 1), vs.transpose(0, 1), attn_mask=p.mask, scale=scale, enable_gqa=True
-            )
+            k_rows, v_rows = kv.gather_blocks(layer, p.block_ids)
+            ks = k_rows.view(-1, kv_heads, head_dim)[:p.context_len].transpose(0, 1)
+            vs = v_rows.view(-1, kv_heads, head_dim)[:p.context_len].transpose(0, 1)
+            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=p.mask, scale=scale, enable_gqa=True)
         out[p.token_start:p.token_end] = o.transpose(0, 1)
     if batch.decode is not None:
         d = batch.decode
-        out[d.token_start:] = _decode(q[d.token_start:], k_blocks, v_blocks, d, group, scale)
+        out[d.token_start:] = _decode(q[d.token_start:], kv, layer, d, group, scale)
     return out
 
 
 def _decode(
-    q: torch.Tensor, k_blocks: torch.Tensor, v_blocks: torch.Tensor, d: DecodeRows, group: int, scale: float
+    q: torch.Tensor, kv: KVCacheTensors, layer: int, d: DecodeRows, group: int, scale: float
 ) -> torch.Tensor:
     """q: [D, heads, head_dim], one query per sequence. Returns [D, heads, head_dim]."""
     num_seqs, num_heads, head_dim = q.shape
-    kv_heads = k_blocks.shape[2]
+    kv_heads = num_heads // group
     # heads h = kv * group + g share kv head `kv`: fold g into the query-length dimension
     qg = q.view(num_seqs, kv_heads, group, head_dim)
-    ks = k_blocks.index_select(0, d.block_ids).view(num_seqs, -1, kv_heads, head_dim).transpose(1, 2)
-    vs = v_blocks.index_select(0, d.block_ids).view(num_seqs, -1, kv_heads, head_dim).transpose(1, 2)
+    k_rows, v_rows = kv.gather_blocks(layer, d.block_ids)
+    ks = k_rows.view(num_seqs, -1, kv_heads, head_dim).transpose(1, 2)
+    vs = v_rows.view(num_seqs, -1, kv_heads, head_dim).transpose(1, 2)
     o = F.scaled_dot_product_attention(qg, ks, vs, attn_mask=d.mask, scale=scale)
     return o.reshape(num_seqs, num_heads, head_dim)

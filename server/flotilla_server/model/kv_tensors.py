@@ -7,7 +7,7 @@ name. Slot `s` of the pool is row `s` of every layer's K and V tensor, and block
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,6 +18,9 @@ class KVCacheTensors:
     v: list[torch.Tensor]
     num_blocks: int
     block_size: int
+    # gather buffers for K and V, reused by every layer and step: a fresh multi-MB tensor per layer
+    # costs page faults (the allocator returns large blocks to the OS) that took 2/3 of decode time
+    _scratch: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
     @classmethod
     def allocate(
@@ -46,6 +49,22 @@ class KVCacheTensors:
     @property
     def num_layers(self) -> int:
         return len(self.k)
+
+    def gather_blocks(self, layer: int, block_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of the listed blocks, each [len(block_ids), block_size * kv_heads * head_dim].
+        The result lives in shared scratch buffers: valid until the next call."""
+        k, v = self.k[layer], self.v[layer]
+        row = self.block_size * k.shape[1] * k.shape[2]
+        n = block_ids.shape[0]
+        if self._scratch is None or self._scratch[0].numel() < n * row:
+            size = max(n * row, 2 * self._scratch[0].numel() if self._scratch else 0)
+            self._scratch = (k.new_empty(size), v.new_empty(size))
+        k_out = self._scratch[0][: n * row].view(n, row)
+        v_out = self._scratch[1][: n * row].view(n, row)
+        # row gathers on a [num_blocks, row] view: several times faster than on the 3-d view
+        torch.index_select(k.view(-1, row), 0, block_ids, out=k_out)
+        torch.index_select(v.view(-1, row), 0, block_ids, out=v_out)
+        return k_out, v_out
 
     def write(self, layer: int, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Stores this step's new K/V rows ([T, kv_heads, head_dim]) at their pool slots."""

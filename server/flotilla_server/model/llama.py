@@ -58,8 +58,8 @@ class Attention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         batch: AttentionBatch,
-        k_cache: torch.Tensor,
-        v_cache: torch.Tensor,
+        kv: KVCacheTensors,
+        layer: int,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
@@ -69,9 +69,8 @@ class Attention(nn.Module):
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        k_cache.index_copy_(0, batch.slot_mapping, k)
-        v_cache.index_copy_(0, batch.slot_mapping, v)
-        o = paged_attention(q, k, v, k_cache, v_cache, batch, self.scale)
+        kv.write(layer, batch.slot_mapping, k, v)
+        o = paged_attention(q, k, v, kv, layer, batch, self.scale)
         return self.o_proj(o.reshape(num_tokens, -1))
 
 
@@ -128,7 +127,7 @@ class DecoderModel(nn.Module):
         sin = sin_table[positions].unsqueeze(1)
         h = self.embed_tokens(input_ids)
         for i, layer in enumerate(self.layers):
-            h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, batch, kv.k[i], kv.v[i])
+            h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, batch, kv, i)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return self.norm(h)
 

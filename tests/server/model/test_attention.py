@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 from flotilla_server.model.attention import AttentionBatch, paged_attention
+from flotilla_server.model.kv_tensors import KVCacheTensors
 
 
 def test_slot_mapping_follows_the_block_tables():
@@ -43,17 +44,20 @@ def test_matches_dense_attention(heads, kv_heads, seed):
     shapes = [(q, q + c) for q, c in shapes] + [(1, rng.randint(1, 30)) for _ in range(rng.randint(0, 5))]
     free = rng.sample(range(num_blocks), num_blocks)  # scattered, non-contiguous blocks
     tables = [[free.pop() for _ in range(-(-c // block_size))] for _, c in shapes]
-    k_cache = torch.randn(num_blocks * block_size, kv_heads, head_dim, generator=gen)
-    v_cache = torch.randn(num_blocks * block_size, kv_heads, head_dim, generator=gen)
+    kv = KVCacheTensors(
+        [torch.randn(num_blocks * block_size, kv_heads, head_dim, generator=gen)],
+        [torch.randn(num_blocks * block_size, kv_heads, head_dim, generator=gen)],
+        num_blocks, block_size,
+    )
+    k_cache, v_cache = kv.k[0], kv.v[0]
     total = sum(q for q, _ in shapes)
     q = torch.randn(total, heads, head_dim, generator=gen)
     k_new = torch.randn(total, kv_heads, head_dim, generator=gen)
     v_new = torch.randn(total, kv_heads, head_dim, generator=gen)
 
     batch = AttentionBatch.build([s[0] for s in shapes], [s[1] for s in shapes], tables, block_size, "cpu")
-    k_cache.index_copy_(0, batch.slot_mapping, k_new)
-    v_cache.index_copy_(0, batch.slot_mapping, v_new)
-    out = paged_attention(q, k_new, v_new, k_cache, v_cache, batch, scale=0.3)
+    kv.write(0, batch.slot_mapping, k_new, v_new)
+    out = paged_attention(q, k_new, v_new, kv, 0, batch, scale=0.3)
 
     start = 0
     for (query_len, context_len), table in zip(shapes, tables, strict=True):
