@@ -1,0 +1,170 @@
+"""Every panel query of both Grafana dashboards returns data from a real system under load.
+
+The whole loop runs for real: the operator (subprocess) against the Kubernetes API emulator, the pod
+runner starting `flotilla-server --model tiny` processes for its Deployment, a real Prometheus
+scraping those servers and the operator, and a load generator that overloads the model (429s) while
+some clients walk away mid-stream (499s). Each query is then evaluated the way Grafana would for one
+selection of the dashboard's variables (variable queries included); a query that errors or returns no
+finite value fails the test, named by dashboard, panel and refId.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from e2e.load import LoadGenerator
+from e2e.pod_runner import PodRunner
+from tests.chart.dashboard_queries import PanelQuery, load_dashboards, queries, substitute, variables
+from tests.support.k8s_emulator import serve
+from tests.support.operator_process import operator_process
+from tests.support.prometheus import RealPrometheus, Target
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMESPACE = "default"
+MODEL = "tiny"
+WINDOW_S = 30  # the range each query is evaluated over, as a dashboard's recent time range
+DATA_TIMEOUT_S = 60  # how long the system may take to produce a series for every panel
+# Panels whose series this load must move, not merely create (every rejection reason starts at 0).
+MUST_BE_NONZERO = {"429/s by reason", "499/s by reason", "Output tokens/s"}
+
+# Small engine, short queue: a dozen concurrent clients overflow it, so 429s are real.
+INFERENCE_MODEL = {
+    "apiVersion": "flotilla.dev/v1alpha1",
+    "kind": "InferenceModel",
+    "metadata": {"name": MODEL, "namespace": NAMESPACE},
+    "spec": {
+        "model": {"name": MODEL, "source": {"builtin": "tiny"}},
+        "resources": {"gpus": 0},
+        "replicas": 1,
+        "scaling": {"minReplicas": 1, "maxReplicas": 2, "targetQueueDepth": 1},
+        "placement": {"policy": "cost-first"},
+        "server": {"maxNumSeqs": 2, "maxBatchedTokens": 256, "prefillChunk": 128, "queueDepthPerSlot": 1,
+                   "queueTimeoutSeconds": 2},
+    },
+}
+
+
+class WithOperatorTarget:
+    """The pod runner rewrites Prometheus' targets on every sync; this keeps the operator among them."""
+
+    def __init__(self, prometheus: RealPrometheus, operator_address: str) -> None:
+        self.prometheus = prometheus
+        self.operator = Target(operator_address, {"job_role": "operator"})  # no namespace: keep the model's
+
+    def set_targets(self, targets: Sequence[Target]) -> None:
+        self.prometheus.set_targets([*targets, self.operator])
+
+
+def walk_away_clients(endpoints, stop: threading.Event) -> None:
+    """Clients that read one streamed chunk, then hang up: the server counts 499 client_gone."""
+    body = {"model": MODEL, "prompt": "A client that leaves early", "max_tokens": 64, "stream": True,
+            "ignore_eos": True}
+    while not stop.is_set():
+        for url in endpoints():
+            with contextlib.suppress(httpx.HTTPError), httpx.Client(timeout=10) as client, \
+                    client.stream("POST", f"{url}/v1/completions", json=body) as response:
+                for _ in response.iter_lines():
+                    break  # first line read: leave
+        stop.wait(0.5)
+
+
+def series_values(prometheus: RealPrometheus, expr: str) -> tuple[str | None, list[float]]:
+    """(error, every value of every series) of a range query over the last WINDOW_S seconds."""
+    end = time.time()
+    response = httpx.get(f"{prometheus.url}/api/v1/query_range",
+                         params={"query": expr, "start": end - WINDOW_S, "end": end, "step": "2s"}, timeout=10)
+    body = response.json()
+    if body.get("status") != "success":
+        return body.get("error", response.text), []
+    return None, [float(v) for series in body["data"]["result"] for _, v in series["values"]]
+
+
+def label_values(prometheus: RealPrometheus, definition: str) -> list[str]:
+    """Grafana's `label_values(selector, label)` variable query, through Prometheus' series API."""
+    inner = definition.removeprefix("label_values(").removesuffix(")")
+    selector, label = (part.strip() for part in inner.rsplit(",", 1))
+    response = httpx.get(f"{prometheus.url}/api/v1/series", params={"match[]": selector}, timeout=10)
+    response.raise_for_status()
+    return sorted({s[label] for s in response.json()["data"] if label in s})
+
+
+def selection(prometheus: RealPrometheus, dashboard: dict) -> tuple[dict[str, str], list[str]]:
+    """Values for the dashboard's variables, in order (each may use the previous), and the variables with none."""
+    chosen: dict[str, str] = {"datasource": "prometheus"}
+    empty = []
+    for variable in variables(dashboard):
+        if variable["type"] != "query":
+            continue
+        options = label_values(prometheus, substitute(variable["definition"], chosen))
+        if not options:
+            empty.append(variable["name"])
+        chosen[variable["name"]] = variable["allValue"] if variable.get("includeAll") else (options or ["none"])[0]
+    return chosen, empty
+
+
+def failing_queries(prometheus: RealPrometheus) -> list[str]:
+    failures = []
+    for dashboard in load_dashboards().values():
+        chosen, empty = selection(prometheus, dashboard)
+        failures += [f"{dashboard['title']} / variable ${name}: label_values returned nothing" for name in empty]
+        query: PanelQuery
+        for query in queries(dashboard):
+            error, values = series_values(prometheus, substitute(query.expr, chosen))
+            if error:
+                failures.append(f"{query.name}: error {error}")
+            elif not any(math.isfinite(v) for v in values):
+                failures.append(f"{query.name}: no data ({len(values)} values, none finite)")
+            elif query.panel in MUST_BE_NONZERO and not any(v > 0 for v in values if math.isfinite(v)):
+                failures.append(f"{query.name}: only zeros, although the load produces these events")
+    return failures
+
+
+@contextlib.contextmanager
+def running_system(tmp_path: Path) -> Iterator[tuple[RealPrometheus, PodRunner]]:
+    crd = yaml.safe_load((ROOT / "crds" / "flotilla.dev_inferencemodels.yaml").read_text())
+    with contextlib.ExitStack() as stack:
+        prometheus = stack.enter_context(RealPrometheus(scrape_interval_s=1.0))
+        k8s = stack.enter_context(serve(tmp_path, crds=[crd]))
+        operator = stack.enter_context(operator_process(
+            k8s.kubeconfig, tmp_path, "--prometheus-url", prometheus.url, "--autoscale-interval-s", "1",
+            "--drift-interval-s", "2", "--default-image", "flotilla-server:e2e"))
+        targets = WithOperatorTarget(prometheus, f"127.0.0.1:{operator.metrics_port}")
+        targets.set_targets([])
+        runner = stack.enter_context(PodRunner(k8s.url, NAMESPACE, targets, tmp_path))  # type: ignore[arg-type]
+        k8s.create(INFERENCE_MODEL)
+        yield prometheus, runner
+
+
+@pytest.mark.timeout(240)
+def test_every_dashboard_panel_returns_data_under_load(tmp_path: Path) -> None:
+    with running_system(tmp_path) as (prometheus, runner):
+        deadline = time.monotonic() + DATA_TIMEOUT_S
+        while not runner.endpoints(MODEL):
+            assert time.monotonic() < deadline, f"no ready replica of {MODEL}: {runner.errors}"
+            time.sleep(0.25)
+        load = LoadGenerator(lambda: runner.endpoints(MODEL), MODEL, concurrency=12, max_tokens=16).start()
+        stop_walkers = threading.Event()
+        walkers = threading.Thread(target=walk_away_clients, args=(lambda: runner.endpoints(MODEL), stop_walkers),
+                                   daemon=True)
+        walkers.start()
+        try:
+            failures = ["not evaluated yet"]
+            while failures and time.monotonic() < deadline + WINDOW_S:
+                time.sleep(2)
+                failures = failing_queries(prometheus)
+        finally:
+            stop_walkers.set()
+            report = load.stop()
+            walkers.join(15)
+        assert not failures, "dashboard queries without data:\n" + "\n".join(failures)
+        assert report.completed > 0 and report.rejected_429 > 0, report
+        assert not runner.errors, runner.errors
