@@ -56,3 +56,43 @@ def status_patch(
         ],
         "idleSince": format_time(state.idle_since_s) if state.idle_since_s is not None else None,
     }
+
+
+SCALING_ACTIVE = "ScalingActive"
+VALID_METRIC_FOUND = "ValidMetricFound"
+SCALING_DISABLED = "ScalingDisabled"
+
+
+def scaling_condition(
+    conditions: list[dict[str, Any]] | None, ok: bool, reason: str, message: str, now: str, generation: int
+) -> list[dict[str, Any]]:
+    """`conditions` with ScalingActive set; the others (owned by the reconciler) pass through untouched."""
+    status = "True" if ok else "False"
+    others, old = [], None
+    for condition in conditions or []:
+        if condition.get("type") == SCALING_ACTIVE:
+            old = condition
+        else:
+            others.append(condition)
+    since = old["lastTransitionTime"] if old and old.get("status") == status and old.get("lastTransitionTime") else now
+    return [*others, {"type": SCALING_ACTIVE, "status": status, "reason": reason, "message": message,
+                      "lastTransitionTime": since, "observedGeneration": generation}]
+
+
+def scaling_active(conditions: list[dict[str, Any]] | None) -> bool | None:
+    """Whether ScalingActive is True; None when it was never set."""
+    for condition in conditions or []:
+        if condition.get("type") == SCALING_ACTIVE:
+            return condition.get("status") == "True"
+    return None
+
+
+def starting_replicas(current_replicas: int, deployment: dict[str, Any] | None) -> int:
+    """Replicas asked for but not ready: capacity to come, unless the Deployment gave up on them."""
+    if deployment is None:
+        return current_replicas
+    status = deployment.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "Progressing" and condition.get("reason") == "ProgressDeadlineExceeded":
+            return 0  # stuck pods are not coming: let the autoscaler act on demand again
+    return max(current_replicas - int(status.get("readyReplicas") or 0), 0)  # pods not yet created count too

@@ -13,7 +13,13 @@ from flotilla_operator.autoscaler import (
     Recommendation,
     ScalingSpec,
 )
-from flotilla_operator.autoscaler_status import state_from_status, status_patch
+from flotilla_operator.autoscaler_status import (
+    scaling_active,
+    scaling_condition,
+    starting_replicas,
+    state_from_status,
+    status_patch,
+)
 
 NOW = 1_800_000_000.0
 S = 4  # slots per replica: cost-first T = 4 + 4 = 8, latency-first T = 0.75 * 4 = 3
@@ -176,3 +182,24 @@ def test_unreadable_status_entries_are_dropped() -> None:
 def test_invalid_spec_says_what_to_change(bad: dict) -> None:
     with pytest.raises(ValueError, match=r"scaling|policy"):
         ScalingSpec(**bad)
+
+
+@pytest.mark.parametrize(("current", "deployment", "want"), [
+    (3, None, 3),  # no Deployment yet: everything is still to come
+    (3, {"status": {"readyReplicas": 1}}, 2),
+    (1, {"status": {"readyReplicas": 3}}, 0),  # shrinking
+    (3, {"status": {"readyReplicas": 1, "conditions": [
+        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}]}}, 0),
+])
+def test_starting_replicas(current: int, deployment: dict | None, want: int) -> None:
+    assert starting_replicas(current, deployment) == want
+
+
+def test_scaling_condition_keeps_others_and_transition_time() -> None:
+    others = [{"type": "Ready", "status": "True"}]
+    first = scaling_condition(others, True, "ValidMetricFound", "m", "t1", 1)
+    again = scaling_condition(first, True, "ValidMetricFound", "m2", "t2", 1)
+    flipped = scaling_condition(again, False, "MetricsUnavailable", "m3", "t3", 1)
+    assert again[0] == others[0] and again[1]["lastTransitionTime"] == "t1" and again[1]["message"] == "m2"
+    assert flipped[1]["lastTransitionTime"] == "t3" and scaling_active(flipped) is False
+    assert scaling_active(others) is None

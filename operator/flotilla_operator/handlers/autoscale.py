@@ -1,0 +1,202 @@
+"""kopf wiring of the autoscaler: a timer per InferenceModel that measures, decides and records.
+
+Every `--autoscale-interval-s` it reads the model, its Deployment and the pool's queue from
+Prometheus, calls the pure `autoscaler.decide`, writes `.spec.replicas` through the scale
+subresource (reconciliation then applies it to the Deployment), and records the decision in
+`status.autoscaler`, the ScalingActive condition, an Event and the operator's metrics.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import kopf
+import pydantic
+
+from flotilla_operator import autoscaler, metrics, types
+from flotilla_operator.autoscaler_status import (
+    SCALING_DISABLED,
+    VALID_METRIC_FOUND,
+    scaling_active,
+    scaling_condition,
+    starting_replicas,
+    state_from_status,
+    status_patch,
+)
+from flotilla_operator.kube import KubeError
+from flotilla_operator.prometheus import PoolSample, PrometheusClient, PrometheusError
+from flotilla_operator.reconciler import Context, now_rfc3339, object_ref
+from flotilla_operator.settings import OperatorSettings
+
+STATUS_WRITE_ATTEMPTS = 3
+NO_DATA = "no_data"  # PROMETHEUS_QUERY_FAILURES reason: the query worked but no ready replica reported
+
+
+def scaling_spec(spec: types.InferenceModelSpec) -> autoscaler.ScalingSpec:
+    s = spec.scaling
+    return autoscaler.ScalingSpec(
+        min_replicas=s.min_replicas, max_replicas=s.max_replicas, policy=spec.placement.policy,
+        target_queue_depth=s.target_queue_depth,
+        scale_up_stabilization_s=s.scale_up_stabilization_seconds,
+        scale_down_stabilization_s=s.scale_down_stabilization_seconds,
+        scale_to_zero_after_s=s.scale_to_zero_after_seconds,
+    )
+
+
+def pool_metrics(sample: PoolSample | None, spec: types.InferenceModelSpec) -> autoscaler.PoolMetrics | None:
+    if sample is None:
+        return None
+    return autoscaler.PoolMetrics(
+        waiting=sample.waiting, running=sample.running,
+        slots_per_replica=sample.slots_per_replica or spec.server.max_num_seqs,  # no replica: the spec's slots
+        replicas_reporting=sample.replicas_reporting,
+    )
+
+
+async def post_event(ctx: Context, ref: dict[str, Any], type_: str, reason: str, message: str) -> None:
+    """A core/v1 Event on the model; losing one is logged by the caller's error path, never fatal."""
+    meta = ref["metadata"]
+    now = now_rfc3339()
+    event = {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {"apiVersion": ref["apiVersion"], "kind": ref["kind"], "name": meta["name"],
+                           "namespace": meta["namespace"], "uid": meta["uid"]},
+        "type": type_, "reason": reason, "message": message[:1024],
+        "source": {"component": "flotilla-operator"}, "reportingComponent": "flotilla-operator",
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+    }
+    try:
+        await ctx.kube.create("v1", "events", meta["namespace"], event)
+    except KubeError as error:
+        logging.getLogger(__name__).warning(f"could not post the {reason} event: {error}")
+
+
+async def measure(prometheus: PrometheusClient, namespace: str, model: str,
+                  logger: logging.Logger | logging.LoggerAdapter) -> PoolSample | None:
+    """The pool's sums, or None (counted, logged) when Prometheus fails."""
+    try:
+        return await prometheus.pool(namespace, model)
+    except PrometheusError as error:
+        metrics.PROMETHEUS_QUERY_FAILURES.labels(reason=error.reason).inc()
+        logger.warning(f"autoscaler: {error}")
+        return None
+
+
+async def autoscale_once(ctx: Context, prometheus: PrometheusClient, namespace: str, name: str,
+                         logger: logging.Logger | logging.LoggerAdapter, now_s: float | None = None) -> None:
+    """One decision for one model: measure without the model's lock, then decide and write under it."""
+    obj = await ctx.kube.get(types.API_VERSION, types.PLURAL, namespace, name)
+    if obj is None or obj["metadata"].get("deletionTimestamp"):
+        return
+    try:
+        spec = types.parse_spec(obj.get("spec") or {})
+    except pydantic.ValidationError:
+        return  # the reconciler reports an unreadable spec as Degraded
+    if spec.scaling.disabled:
+        async with ctx.lock(namespace, name):
+            await _write_status(ctx, namespace, name, None, False, SCALING_DISABLED,
+                                "scaling.disabled is true: .spec.replicas belongs to kubectl, an HPA or KEDA")
+        return
+    sample = await measure(prometheus, namespace, spec.model.name, logger)
+    async with ctx.lock(namespace, name):
+        await _decide_and_apply(ctx, namespace, name, sample, logger, time.time() if now_s is None else now_s)
+
+
+async def _decide_and_apply(ctx: Context, namespace: str, name: str, sample: PoolSample | None,
+                            logger: logging.Logger | logging.LoggerAdapter, now_s: float) -> None:
+    obj = await ctx.kube.get(types.API_VERSION, types.PLURAL, namespace, name)  # fresh: history, replicas
+    if obj is None or obj["metadata"].get("deletionTimestamp"):
+        return
+    try:
+        spec = types.parse_spec(obj.get("spec") or {})
+    except pydantic.ValidationError:
+        return
+    ref = object_ref(namespace, name, obj["metadata"]["uid"])
+    status = obj.get("status") or {}
+    current = spec.replicas
+    deployment = await ctx.kube.get("apps/v1", "deployments", namespace, name)
+    ready = int(((deployment or {}).get("status") or {}).get("readyReplicas") or 0)
+    if sample is not None and sample.replicas_reporting == 0 and ready > 0:
+        metrics.PROMETHEUS_QUERY_FAILURES.labels(reason=NO_DATA).inc()
+
+    observation = autoscaler.Observation(
+        metrics=pool_metrics(sample, spec), current_replicas=current, ready_replicas=ready,
+        starting_replicas=starting_replicas(current, deployment), now_s=now_s,
+    )
+    state = state_from_status(status.get("autoscaler"))
+    decision = autoscaler.decide(scaling_spec(spec), observation, state)
+    metrics.AUTOSCALER_DECISIONS.labels(namespace=namespace, model=name, direction=decision.direction(current),
+                                        reason=decision.reason).inc()
+    metrics.DESIRED_REPLICAS.labels(namespace=namespace, model=name).set(decision.desired_replicas)
+
+    if decision.desired_replicas != current:
+        await ctx.kube.patch(types.API_VERSION, types.PLURAL, namespace, name,
+                             {"spec": {"replicas": decision.desired_replicas}}, subresource="scale")
+        logger.info(f"autoscaler: {current} -> {decision.desired_replicas}: {decision.message}")
+        await post_event(ctx, ref, "Normal", decision.reason,
+                         f"{current} -> {decision.desired_replicas}: {decision.message}")
+
+    unavailable = decision.reason == autoscaler.REASON_METRICS_UNAVAILABLE
+    if unavailable and scaling_active(status.get("conditions")) is not False:
+        await post_event(ctx, ref, "Warning", autoscaler.REASON_METRICS_UNAVAILABLE, decision.message)
+    previous = status.get("autoscaler") or {}
+    autoscaler_status = status_patch(decision, current, sample.waiting if sample else None, now_s,
+                                     previous.get("lastScaleTime"))
+    if unavailable:  # missing data changes nothing remembered
+        autoscaler_status["recommendations"] = previous.get("recommendations") or []
+        autoscaler_status["idleSince"] = previous.get("idleSince")
+    await _write_status(ctx, namespace, name, autoscaler_status, not unavailable,
+                        decision.reason if unavailable else VALID_METRIC_FOUND, decision.message)
+
+
+async def _write_status(ctx: Context, namespace: str, name: str, autoscaler_status: dict[str, Any] | None,
+                        ok: bool, reason: str, message: str) -> None:
+    """Write status.autoscaler and ScalingActive against the version just read; re-read on conflict."""
+    for _ in range(STATUS_WRITE_ATTEMPTS):
+        obj = await ctx.kube.get(types.API_VERSION, types.PLURAL, namespace, name)
+        if obj is None:
+            return
+        status = obj.get("status") or {}
+        conditions = scaling_condition(status.get("conditions"), ok, reason, message, now_rfc3339(),
+                                       obj["metadata"].get("generation", 1))
+        new: dict[str, Any] = {"conditions": conditions}
+        if autoscaler_status is not None:
+            new["autoscaler"] = autoscaler_status
+        elif status.get("conditions") == conditions:
+            return  # nothing changed
+        patch = {"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}, "status": new}
+        try:
+            await ctx.kube.patch(types.API_VERSION, types.PLURAL, namespace, name, patch, subresource="status")
+            return
+        except KubeError as error:
+            if error.status != 409:
+                raise
+    raise KubeError(409, "Conflict", f"status of {namespace}/{name} kept changing; the next tick retries")
+
+
+def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
+    resource = (types.GROUP, types.VERSION, types.PLURAL)
+
+    @kopf.on.startup(id="autoscaler-start", registry=registry)
+    async def start(memo: kopf.Memo, **_: Any) -> None:
+        memo.prometheus = PrometheusClient(settings.prometheus_url)
+
+    @kopf.on.cleanup(id="autoscaler-stop", registry=registry)
+    async def stop(memo: kopf.Memo, **_: Any) -> None:
+        if getattr(memo, "prometheus", None) is not None:
+            await memo.prometheus.aclose()
+
+    @kopf.timer(*resource, id="autoscale", interval=settings.autoscale_interval_s,
+                initial_delay=settings.autoscale_interval_s, registry=registry)
+    async def autoscale(name: str, namespace: str, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+        ctx: Context | None = getattr(memo, "ctx", None)
+        prometheus: PrometheusClient | None = getattr(memo, "prometheus", None)
+        if ctx is None or prometheus is None:
+            return
+        try:
+            await autoscale_once(ctx, prometheus, namespace, name, logger)
+        except KubeError as error:  # the next tick decides again from fresh state; no kopf retry storm
+            logger.warning(f"autoscaler: {namespace}/{name}: {error}")
