@@ -1,0 +1,89 @@
+"""Run the real `flotilla-operator` as a subprocess against a test API server, and stop it for sure.
+
+    with serve(tmp_path, crds=[crd]) as k8s, operator_process(k8s.kubeconfig, tmp_path, "--drift-interval-s", "2") as op:
+        ...
+        op.kill()        # SIGKILL, as a node loss would; the context still cleans up
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class OperatorProcess:
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    health_port: int
+    metrics_port: int
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def healthy(self) -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{self.health_port}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(5)
+
+
+def start_operator(kubeconfig: str, log_path: Path, *args: str, namespace: str = "default",
+                   ready_timeout_s: float = 30.0) -> OperatorProcess:
+    health_port, metrics_port = free_port(), free_port()
+    command = [
+        sys.executable, "-m", "flotilla_operator.cli", "--namespace", namespace, "--standalone",
+        "--health-port", str(health_port), "--metrics-port", str(metrics_port), "--verbose", *args,
+    ]
+    env = {**os.environ, "KUBECONFIG": kubeconfig, "PYTHONUNBUFFERED": "1"}
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    op = OperatorProcess(process, log_path, health_port, metrics_port)
+    deadline = time.monotonic() + ready_timeout_s
+    while not op.healthy():
+        if process.poll() is not None or time.monotonic() > deadline:
+            op.kill()
+            raise RuntimeError(f"flotilla-operator did not become healthy:\n{op.log()[-4000:]}")
+        time.sleep(0.1)
+    return op
+
+
+@contextlib.contextmanager
+def operator_process(kubeconfig: str, directory: Path, *args: str, namespace: str = "default") -> Iterator[OperatorProcess]:
+    op = start_operator(kubeconfig, directory / "operator.log", *args, namespace=namespace)
+    try:
+        yield op
+    finally:
+        op.stop()
