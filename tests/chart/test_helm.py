@@ -34,6 +34,11 @@ def test_priority_classes_carry_the_names_the_operator_uses() -> None:
     assert set(classes) == set(PRIORITY_CLASS.values())
     assert classes["flotilla-latency-first"]["value"] > classes["flotilla-cost-first"]["value"]
     assert classes["flotilla-cost-first"]["preemptionPolicy"] == "Never"
+    source = {d["metadata"]["name"]: d for d in yaml.safe_load_all((REPO_ROOT / "deploy" / "priorityclasses.yaml").read_text())}
+    for name, pc in classes.items():
+        for key in ("value", "globalDefault", "preemptionPolicy", "description"):
+            assert pc.get(key) == source[name].get(key), f"{name}.{key} differs from deploy/priorityclasses.yaml"
+    assert not by_kind(render("default", "priorityClasses.create=false"), "PriorityClass")
 
 
 def test_all_options_render_every_optional_resource() -> None:
