@@ -151,7 +151,7 @@ class AsyncEngine:
         stream = self._drop(request_id)
         if stream is not None:
             event = TokenEvent([], "", "abort", stream.num_prompt_tokens, stream.num_output_tokens, reason)
-            stream._loop.call_soon_threadsafe(stream._push, event)
+            _deliver(stream, event)
 
     def _drop(self, request_id: str) -> RequestStream | None:
         with self._streams_lock:
@@ -191,4 +191,14 @@ class AsyncEngine:
             if stream is None:
                 continue  # aborted meanwhile
             event = TokenEvent(out.token_ids, out.text, out.finish_reason, out.num_prompt_tokens, out.num_output_tokens)
-            stream._loop.call_soon_threadsafe(stream._push, event)
+            if not _deliver(stream, event):
+                self.abort(out.request_id, "client_gone")
+
+
+def _deliver(stream: RequestStream, event: TokenEvent) -> bool:
+    """Hand an event to the stream's loop without waiting; False if that loop is closed (nobody reads)."""
+    try:
+        stream._loop.call_soon_threadsafe(stream._push, event)
+    except RuntimeError:
+        return False
+    return True

@@ -1,0 +1,88 @@
+"""Incremental detokenization (never half a character) and stop strings (never emitted, held back)."""
+
+from __future__ import annotations
+
+from flotilla_server.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from flotilla_server.model.tiny import build_tiny_tokenizer
+from flotilla_server.sampling_params import SamplingParams
+from flotilla_server.stopping import find_stop, partial_stop_len, token_finish_reason
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+
+class PieceTokenizer:
+    """Token i decodes to PIECES[i]: lets a test choose exactly how text splits into tokens."""
+
+    def __init__(self, pieces: list[str]) -> None:
+        self.pieces = pieces
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.pieces[i] for i in ids)
+
+
+def feed(detok: IncrementalDetokenizer, ids: list[int]) -> list[str]:
+    return [detok.add([i]) for i in ids]
+
+
+def test_multibyte_text_never_comes_out_half_a_character() -> None:
+    tok = build_tiny_tokenizer()
+    text = "naïve café — 日本語 and 🚀 rockets, ünïcödé!"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert len(ids) > len(text) // 2  # byte-level: many characters span several tokens
+    prompt = tok.encode("Hello", add_special_tokens=True)
+    detok = IncrementalDetokenizer(tok, prompt)
+    pieces = feed(detok, ids)
+    assert all(REPLACEMENT_CHAR not in p for p in pieces)
+    assert "".join(pieces) + detok.flush() == text
+    assert sum(1 for p in pieces if p == "") > 0  # some tokens were held back mid-character
+
+
+def test_stop_string_is_held_back_then_released_when_it_does_not_match() -> None:
+    tok = PieceTokenizer(["x", "a", "b", "c", "q", "ab"])
+    detok = IncrementalDetokenizer(tok, [], stop=["abc"])
+    assert feed(detok, [0, 1, 2, 4]) == ["x", "", "", "abq"]
+    assert not detok.stopped
+
+
+def test_stop_string_across_tokens_ends_the_text_before_it() -> None:
+    tok = PieceTokenizer(["x", "a", "b", "c", "q", "ab", "cd"])
+    detok = IncrementalDetokenizer(tok, [], stop=["zz", "abc"])
+    assert feed(detok, [0, 5, 6]) == ["x", "", ""]
+    assert detok.stopped and detok.text == "x" and detok.flush() == ""
+    assert detok.add([0]) == ""
+
+
+def test_flush_releases_a_held_back_partial_match() -> None:
+    detok = IncrementalDetokenizer(PieceTokenizer(["x", "a"]), [], stop=["ab"])
+    assert feed(detok, [0, 1]) == ["x", ""]
+    assert detok.flush() == "a"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pieces=st.lists(st.text(alphabet="abc", min_size=1, max_size=3), min_size=1, max_size=30),
+    stops=st.lists(st.text(alphabet="abc", min_size=1, max_size=4), max_size=3),
+)
+def test_emitted_text_is_the_output_cut_at_the_first_stop(pieces: list[str], stops: list[str]) -> None:
+    detok = IncrementalDetokenizer(PieceTokenizer(pieces), [], stop=stops)
+    out = "".join(feed(detok, list(range(len(pieces)))))
+    out += detok.flush()
+    full = "".join(pieces)
+    cut = min((i for i in (full.find(s) for s in stops) if i >= 0), default=None)
+    assert out == (full if cut is None else full[:cut])
+    assert detok.stopped == (cut is not None)
+
+
+def test_token_finish_reasons() -> None:
+    p = SamplingParams(max_tokens=3)
+    assert token_finish_reason(5, 1, p, {0}) is None
+    assert token_finish_reason(0, 1, p, {0}) == "stop"
+    assert token_finish_reason(0, 1, SamplingParams(max_tokens=3, ignore_eos=True), {0}) is None
+    assert token_finish_reason(5, 3, p, {0}) == "length"
+
+
+def test_stop_helpers() -> None:
+    assert find_stop("hello world", ["wor", "lo"]) == 3
+    assert find_stop("hello world", ["lo"], search_from=6) is None
+    assert partial_stop_len("abcab", ["abd", "bx"]) == 2
+    assert partial_stop_len("abc", ["x"]) == 0

@@ -1,0 +1,60 @@
+"""Batched sampling: greedy, temperature, top-k, top-p, and per-request seeds."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from flotilla_server.sampling import make_generator, sample
+from flotilla_server.sampling_params import SamplingParams
+
+
+def test_greedy_is_argmax_row_by_row() -> None:
+    logits = torch.randn(8, 50, generator=make_generator(0))
+    assert sample(logits, [SamplingParams(temperature=0.0)] * 8, [None] * 8) == logits.argmax(-1).tolist()
+
+
+def test_greedy_rows_stay_greedy_in_a_mixed_batch() -> None:
+    logits = torch.randn(6, 50, generator=make_generator(1))
+    params = [SamplingParams(temperature=0.0 if i % 2 else 1.5) for i in range(6)]
+    got = sample(logits, params, [None] * 6, make_generator(2))
+    assert [got[i] for i in (1, 3, 5)] == logits.argmax(-1)[[1, 3, 5]].tolist()
+
+
+def test_seeded_rows_do_not_depend_on_their_neighbours() -> None:
+    logits = torch.randn(5, 100, generator=make_generator(3))
+    p = SamplingParams(temperature=1.0, seed=42)
+    alone = [sample(logits[2:3], [p], [make_generator(42)])[0] for _ in range(3)]
+    gens = [None, make_generator(7), make_generator(42), None, None]
+    params = [SamplingParams(temperature=0.7), SamplingParams(seed=7), p, SamplingParams(), SamplingParams(top_k=3)]
+    mixed = sample(logits, params, gens, make_generator(9))
+    assert alone == [alone[0]] * 3 and mixed[2] == alone[0]
+    g = make_generator(42)
+    seq_alone = [sample(logits[2:3], [p], [g])[0] for _ in range(20)]
+    g2 = make_generator(42)
+    seq_mixed = [sample(logits, params, [None, None, g2, None, None], make_generator(i))[2] for i in range(20)]
+    assert seq_alone == seq_mixed and len(set(seq_alone)) > 1
+
+
+def test_temperature_one_follows_the_distribution() -> None:
+    probs = torch.tensor([0.5, 0.3, 0.2])
+    n = 6000
+    logits = probs.log().expand(n, 3).clone()
+    got = torch.tensor(sample(logits, [SamplingParams(temperature=1.0)] * n, [None] * n, make_generator(5)))
+    freq = torch.bincount(got, minlength=3).float() / n
+    assert torch.allclose(freq, probs, atol=0.03), freq
+
+
+def test_top_k_and_top_p_cut_the_support() -> None:
+    n = 2000
+    logits = torch.tensor([3.0, 2.9, 2.8, 0.0, -1.0]).expand(n, 5).clone()
+    top2 = set(sample(logits, [SamplingParams(top_k=2)] * n, [None] * n, make_generator(6)))
+    assert top2 == {0, 1}
+    # probabilities ~[0.33, 0.30, 0.27, 0.02, 0.01]: top_p 0.5 keeps the first two
+    nucleus = set(sample(logits, [SamplingParams(top_p=0.5)] * n, [None] * n, make_generator(7)))
+    assert nucleus == {0, 1}
+    tiny_p = set(sample(logits, [SamplingParams(top_p=0.01)] * n, [None] * n, make_generator(8)))
+    assert tiny_p == {0}
+    hot = sample(logits, [SamplingParams(temperature=100.0)] * n, [None] * n, make_generator(9))
+    assert set(hot) == {0, 1, 2, 3, 4}  # a high temperature flattens the distribution
+    assert not math.isnan(sum(hot))
