@@ -54,6 +54,7 @@ class RealPrometheus:
             raise RuntimeError("the `prometheus` binary is missing: run `make tools` (apt-get install prometheus)")
         self._owns_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="flotilla-prom-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.targets_file = self.workdir / "targets.json"

@@ -1,0 +1,21 @@
+"""One whole loop (emulator, operator, Prometheus, pod runner) shared by the autoscaling scenarios.
+
+Sharing saves the start-up of every component per test. Each scenario uses its own InferenceModel
+and deletes it at the end, so the pod runner stops its servers before the next scenario begins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from e2e.harness import Loop, whole_loop
+
+AUTOSCALE_INTERVAL_S = 2.0  # --autoscale-interval-s for the whole suite
+
+
+@pytest.fixture(scope="session")
+def loop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loop]:
+    with whole_loop(tmp_path_factory.mktemp("loop"), autoscale_interval_s=AUTOSCALE_INTERVAL_S) as running:
+        yield running

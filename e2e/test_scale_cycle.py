@@ -1,0 +1,57 @@
+"""Cost-first, min 1 to max 4: load at ~3x one replica's target scales out fast; quiet scales in late.
+
+One replica of `maxNumSeqs: 2` with `targetQueueDepth: 2` carries T = 4 requests in flight, so a
+closed loop of 12 clients is three replicas' worth. The operator must reach >= 3 replicas within
+three autoscale intervals of the queue appearing in Prometheus, hold without flapping while the
+load lasts, and return to 1 only after the (shortened) scale-down stabilization window, in one
+monotone descent. Every request must complete or get 429 with Retry-After.
+"""
+
+from __future__ import annotations
+
+import time
+
+from e2e.conftest import AUTOSCALE_INTERVAL_S
+from e2e.harness import Loop, Recorder, inference_model, monotone
+from e2e.load import LoadGenerator
+
+NAME = "cycle"
+WINDOW_S = 12  # scaleDownStabilizationSeconds
+CLIENTS = 12  # 3 x (S + targetQueueDepth) = 3 x 4
+LOAD_S = 20
+
+
+def test_scale_out_under_load_and_back_after_the_window(loop: Loop) -> None:
+    loop.apply(inference_model(NAME, "cost-first", replicas=1, minReplicas=1, maxReplicas=4, targetQueueDepth=2,
+                               scaleDownStabilizationSeconds=WINDOW_S))
+    try:
+        loop.wait(lambda: loop.runner.endpoints(NAME), 60, "the first replica serving")
+        with Recorder(loop.k8s.url, NAME) as recorder:
+            load = LoadGenerator(lambda: loop.runner.endpoints(NAME), NAME, CLIENTS, max_tokens=48).start()
+            try:
+                queue = f'sum(flotilla_requests_waiting{{namespace="default",model="{NAME}"}})'
+                loop.prometheus.wait_for(queue, lambda v: v > 0, timeout_s=20)
+                queue_seen_s = time.monotonic()
+                loop.wait(lambda: loop.replicas(NAME) >= 3, 3 * AUTOSCALE_INTERVAL_S + 1, ">= 3 replicas")
+                scaled_s = time.monotonic()
+                loop.wait(lambda: len(loop.runner.endpoints(NAME)) >= 3, 60, "three replicas serving")
+                time.sleep(max(LOAD_S - (time.monotonic() - queue_seen_s), 0))
+            finally:
+                report = load.stop()
+            stopped_s = time.monotonic()
+            loop.wait(lambda: loop.replicas(NAME) == 1, WINDOW_S + 6 * AUTOSCALE_INTERVAL_S, "back to 1 replica")
+            down_s = time.monotonic()
+            loop.wait(lambda: loop.runner.processes(NAME) == 1, 30, "surplus servers stopped")
+
+        assert scaled_s - queue_seen_s <= 3 * AUTOSCALE_INTERVAL_S + 1
+        assert monotone(recorder.between(0, stopped_s), rising=True), recorder.between(0, stopped_s)
+        assert monotone(recorder.between(stopped_s, down_s + 1), rising=False), recorder.between(stopped_s, down_s)
+        # The last busy recommendation is at most one interval before the load stopped.
+        assert down_s - stopped_s >= WINDOW_S - AUTOSCALE_INTERVAL_S, down_s - stopped_s
+        assert report.errors == [], report.errors[:5]
+        assert report.completed > 0
+        auto = loop.model(NAME)["status"]["autoscaler"]
+        assert auto["lastScaleTime"] and auto["recommendations"]
+    finally:
+        loop.delete(NAME)
+        loop.wait(lambda: loop.runner.processes(NAME) == 0, 30, "servers of the deleted model stopped")
