@@ -165,10 +165,23 @@ def test_prometheus_rule_is_the_alert_file_verbatim() -> None:
     [
         (["replicaCount=2"], "replicaCount > 1 needs operator.peering.enabled=true"),
         (["serviceAccount.create=false"], "serviceAccount.name is required when serviceAccount.create is false"),
-        (["operator.prometheusUrl="], "operator.prometheusUrl is required"),
+        (["operator.prometheusUrl="], "at '/operator/prometheusUrl': '' does not match pattern '^https?://'"),
+        (["operator.promethusUrl=http://p:9090"], "at '/operator': additional properties 'promethusUrl' not allowed"),
+        (["replicaCount=two"], "at '/replicaCount': got string, want integer"),
+        (["image.pullPolicy=Sometimes"], "at '/image/pullPolicy'"),
     ],
 )
 def test_user_errors_say_what_to_change(sets: list[str], message: str) -> None:
     result = helm(*template_args(None, *sets), check=False)
     assert result.returncode != 0
     assert message in result.stderr
+
+
+@pytest.mark.parametrize("kube_version", ["1.30.0", "1.37.0"])
+def test_renders_for_supported_kubernetes_versions(kube_version: str) -> None:
+    helm(*template_args(None), "--kube-version", kube_version)
+
+
+def test_refuses_kubernetes_older_than_1_30() -> None:
+    result = helm(*template_args(None), "--kube-version", "1.29.0", check=False)
+    assert result.returncode != 0 and "kubeVersion" in result.stderr
