@@ -143,6 +143,7 @@ class FlotillaEmulator(kmock.KubernetesEmulator):
     kinds: dict[tuple[str, str], Kind] = attrs.field(factory=dict)
     log: list[tuple[int, tuple[str, str], dict[str, Any]]] = attrs.field(factory=list)
     watchers: list[tuple[tuple[str, str], asyncio.Queue[dict[str, Any]]]] = attrs.field(factory=list)
+    delays_s: dict[str, float] = attrs.field(factory=dict)  # "POST deployments" → seconds, to catch clients mid-way
     _rv: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
     last_rv: int = 0
 
@@ -174,6 +175,9 @@ class FlotillaEmulator(kmock.KubernetesEmulator):
         kind = self.kinds.get((res.group, res.plural)) if res is not None and res.plural else None
         if kind is None or res.version != kind.version:
             return await super()._handle(request)  # discovery, or 404 for unknown resources
+        delay_s = self.delays_s.get(f"{request._raw_request.method} {kind.plural}", 0.0)
+        if delay_s:
+            await asyncio.sleep(delay_s)
         try:
             if request.method == kmock.method.GET and request.params.get("watch") in ("true", "1"):
                 return await self._watch(kind, request)

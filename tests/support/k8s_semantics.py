@@ -93,15 +93,19 @@ def parse_label_selector(selector: str | None) -> list[tuple[str, str, tuple[str
 
 def labels_match(labels: dict[str, str], selector: str | None) -> bool:
     for key, op, values in parse_label_selector(selector):
-        present = key in labels
-        ok = {
-            "=": present and labels.get(key) == values[0],
-            "!=": labels.get(key) != values[0],
-            "in": present and labels.get(key) in values,
-            "notin": labels.get(key) not in values,
-            "exists": present,
-            "!": not present,
-        }[op]
+        value = labels.get(key)
+        if op == "=":
+            ok = value is not None and value == values[0]
+        elif op == "!=":
+            ok = value != values[0]
+        elif op == "in":
+            ok = value is not None and value in values
+        elif op == "notin":
+            ok = value not in values
+        elif op == "exists":
+            ok = key in labels
+        else:  # "!": absent
+            ok = key not in labels
         if not ok:
             return False
     return True

@@ -1,0 +1,250 @@
+"""The real operator (a `flotilla-operator` subprocess running kopf) against the HTTP Kubernetes emulator.
+
+Timing margins: the drift interval is 2 s and every wait allows several intervals, because the
+machine is shared and slow; the waits poll, so a fast machine finishes early.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+import httpx
+import pytest
+from flotilla_operator import types
+from flotilla_operator.manifests import Owner, build_deployment, build_pdb, build_service
+
+from tests.support.examples import EXAMPLES, crd, load_example
+from tests.support.k8s_emulator import EmulatorHandle, serve
+from tests.support.operator_process import operator_process
+
+DRIFT_S = 2.0
+WAIT_S = 15.0
+IM = ("flotilla.dev/v1alpha1", "inferencemodels")
+DEPLOYMENTS = ("apps/v1", "deployments")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("cluster")
+    with serve(directory, crds=[crd()]) as k8s:
+        k8s.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                    "metadata": {"name": "models", "namespace": "default"}, "spec": {}})
+        with operator_process(k8s.kubeconfig, directory, "--drift-interval-s", str(DRIFT_S)) as op:
+            yield k8s, op
+
+
+def tiny(name: str, **spec: Any) -> dict[str, Any]:
+    obj = load_example(next(p for p in EXAMPLES if p.name == "tiny-cpu.yaml"))
+    obj["metadata"]["name"] = name
+    obj["spec"].update(copy.deepcopy(spec))
+    return obj
+
+
+def status_of(k8s: EmulatorHandle, name: str) -> dict[str, Any]:
+    return (k8s.get(*IM, name, "default") or {}).get("status") or {}
+
+
+def condition(k8s: EmulatorHandle, name: str, type_: str) -> tuple[str, str] | None:
+    for c in status_of(k8s, name).get("conditions", []):
+        if c["type"] == type_:
+            return c["status"], c["reason"]
+    return None
+
+
+def wait_deployment(k8s: EmulatorHandle, name: str, check=lambda d: True) -> dict[str, Any]:
+    def ready():
+        deployment = k8s.get(*DEPLOYMENTS, name, "default")
+        return deployment if deployment and check(deployment) else None
+    return k8s.eventually(ready, WAIT_S, message=f"Deployment {name}")
+
+
+def args_of(deployment: dict[str, Any]) -> list[str]:
+    return deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def set_deployment_status(k8s: EmulatorHandle, name: str, replicas: int, ready: int) -> None:
+    generation = k8s.get(*DEPLOYMENTS, name, "default")["metadata"]["generation"]
+    k8s.patch(*DEPLOYMENTS, name, "default", {"status": {
+        "replicas": replicas, "readyReplicas": ready, "updatedReplicas": replicas, "observedGeneration": generation,
+    }}, subresource="status")
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_applying_an_example_creates_the_right_children(cluster, path):
+    k8s, _ = cluster
+    obj = load_example(path)
+    created = k8s.create(obj)
+    name, uid = obj["metadata"]["name"], created["metadata"]["uid"]
+    deployment = wait_deployment(k8s, name)
+    owner = Owner(name, "default", uid, types.parse_spec(created["spec"]))
+    expected = build_deployment(owner, types.DEFAULT_SERVER_IMAGE)
+    assert deployment["spec"] == expected["spec"]  # GPU limits, args, probes, placement: all as built
+    assert deployment["metadata"]["ownerReferences"] == expected["metadata"]["ownerReferences"]
+    assert deployment["metadata"]["labels"] == expected["metadata"]["labels"]
+    service = k8s.eventually(lambda: k8s.get("v1", "services", name, "default"), WAIT_S)
+    assert service["spec"] == build_service(owner, types.DEFAULT_SERVER_IMAGE)["spec"]
+    pdb = k8s.get("policy/v1", "poddisruptionbudgets", name, "default")
+    expected_pdb = build_pdb(owner, types.DEFAULT_SERVER_IMAGE)
+    assert (pdb is None) == (expected_pdb is None)
+    status = k8s.eventually(lambda: status_of(k8s, name).get("phase") and status_of(k8s, name), WAIT_S)
+    assert status["endpoint"] == f"http://{name}.default.svc.cluster.local:8000/v1"
+    assert status["observedGeneration"] == 1 and status["desiredReplicas"] == obj["spec"]["replicas"]
+    assert status["phase"] == "Progressing"
+    events = k8s.list("v1", "events", "default")
+    reasons = {(e["reason"], e["message"]) for e in events if e["involvedObject"]["name"] == name}
+    assert ("Created", "Created Deployment " + name) in reasons
+
+
+def test_spec_change_updates_the_same_deployment_in_place(cluster):
+    k8s, _ = cluster
+    k8s.create(tiny("update-me"))
+    first = wait_deployment(k8s, "update-me")
+    k8s.patch(*IM, "update-me", "default", {"spec": {"server": {"maxNumSeqs": 16}}})
+    second = wait_deployment(k8s, "update-me", lambda d: args_of(d)[args_of(d).index("--max-num-seqs") + 1] == "16")
+    k8s.patch(*IM, "update-me", "default", {"spec": {"image": "registry.example/flotilla-server:0.2.0"}})
+    third = wait_deployment(k8s, "update-me", lambda d: d["spec"]["template"]["spec"]["containers"][0]["image"]
+                            == "registry.example/flotilla-server:0.2.0")
+    assert first["metadata"]["uid"] == second["metadata"]["uid"] == third["metadata"]["uid"]
+    assert third["metadata"]["generation"] == 3  # two in-place spec updates
+    deleted = [e for _, _, e in list(k8s.emulator.log)
+               if e["type"] == "DELETED" and e["object"]["metadata"]["name"] == "update-me"]
+    assert deleted == []
+    k8s.eventually(lambda: status_of(k8s, "update-me").get("observedGeneration") == 3, WAIT_S)
+
+
+def test_drift_is_corrected_within_the_drift_interval(cluster):
+    k8s, _ = cluster
+    k8s.create(tiny("drifty"))
+    original = wait_deployment(k8s, "drifty")
+    hacked = copy.deepcopy(original["spec"]["template"]["spec"]["containers"])
+    hacked[0]["args"] = ["--model", "something-else"]
+    k8s.patch(*DEPLOYMENTS, "drifty", "default", {"spec": {"template": {"spec": {"containers": hacked}}}})
+    started = time.monotonic()
+    restored = wait_deployment(k8s, "drifty", lambda d: args_of(d) == args_of(original))
+    assert time.monotonic() - started < DRIFT_S + 5.0  # the timer fires every DRIFT_S; 5 s of slack
+    assert restored["metadata"]["uid"] == original["metadata"]["uid"]
+    k8s.delete(*DEPLOYMENTS, "drifty", "default")
+    started = time.monotonic()
+    recreated = wait_deployment(k8s, "drifty", lambda d: d["metadata"]["uid"] != original["metadata"]["uid"])
+    assert time.monotonic() - started < DRIFT_S + 5.0
+    assert recreated["spec"] == original["spec"]
+
+
+def test_deployment_status_flows_into_model_status(cluster):
+    k8s, _ = cluster
+    k8s.create(tiny("statusy", replicas=2))
+    wait_deployment(k8s, "statusy")
+    set_deployment_status(k8s, "statusy", replicas=2, ready=0)
+    k8s.eventually(lambda: status_of(k8s, "statusy").get("phase") == "Progressing", WAIT_S)
+    assert condition(k8s, "statusy", "Ready") == ("False", "ReplicasNotReady")
+    set_deployment_status(k8s, "statusy", replicas=2, ready=2)
+    k8s.eventually(lambda: status_of(k8s, "statusy").get("phase") == "Ready", WAIT_S)
+    assert status_of(k8s, "statusy")["readyReplicas"] == 2
+    assert condition(k8s, "statusy", "Ready") == ("True", "AllReplicasReady")
+    assert condition(k8s, "statusy", "Progressing") == ("False", "Complete")
+    set_deployment_status(k8s, "statusy", replicas=2, ready=1)
+    k8s.eventually(lambda: status_of(k8s, "statusy").get("phase") == "Degraded", WAIT_S)
+    assert status_of(k8s, "statusy")["readyReplicas"] == 1
+    assert condition(k8s, "statusy", "Degraded") == ("True", "ReplicasLost")
+    assert condition(k8s, "statusy", "Ready") == ("False", "ReplicasNotReady")
+
+
+def test_autoscaler_fields_in_status_survive_reconciles(cluster):
+    k8s, _ = cluster
+    k8s.create(tiny("shared-status"))
+    k8s.eventually(lambda: status_of(k8s, "shared-status").get("phase"), WAIT_S)
+    scaling = {"type": "ScalingActive", "status": "False", "reason": "MetricsUnavailable", "message": "no data",
+               "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    current = status_of(k8s, "shared-status")
+    k8s.patch(*IM, "shared-status", "default", {"status": {
+        "conditions": [*current["conditions"], scaling], "autoscaler": {"queueDepth": 7, "lastDecision": "hold"}}},
+        subresource="status")
+    k8s.patch(*IM, "shared-status", "default", {"spec": {"server": {"maxNumSeqs": 4}}})  # forces a reconcile
+    k8s.eventually(lambda: status_of(k8s, "shared-status").get("observedGeneration") == 2, WAIT_S)
+    time.sleep(DRIFT_S)  # and a drift tick
+    status = status_of(k8s, "shared-status")
+    assert scaling in status["conditions"] and status["autoscaler"]["queueDepth"] == 7
+
+
+def test_scale_subresource_drives_the_deployment_within_bounds(cluster):
+    k8s, _ = cluster
+    k8s.create(tiny("scaled"))
+    wait_deployment(k8s, "scaled")
+    k8s.patch(*IM, "scaled", "default", {"spec": {"replicas": 2}}, subresource="scale")
+    wait_deployment(k8s, "scaled", lambda d: d["spec"]["replicas"] == 2)
+    k8s.patch(*IM, "scaled", "default", {"spec": {"replicas": 9}}, subresource="scale")  # above maxReplicas 2
+    wait_deployment(k8s, "scaled", lambda d: d["spec"]["replicas"] == 2)
+    k8s.eventually(lambda: status_of(k8s, "scaled").get("desiredReplicas") == 2, WAIT_S)
+
+
+def test_unhonourable_spec_is_degraded_not_crash_looped(cluster):
+    k8s, _ = cluster
+    obj = tiny("no-claim")
+    obj["spec"]["model"]["source"] = {"pvc": {"claimName": "missing-claim"}}
+    k8s.create(obj)
+    k8s.eventually(lambda: condition(k8s, "no-claim", "Degraded") == ("True", "ClaimNotFound"), WAIT_S)
+    degraded = next(c for c in status_of(k8s, "no-claim")["conditions"] if c["type"] == "Degraded")
+    assert 'PersistentVolumeClaim "missing-claim" does not exist in namespace "default"' in degraded["message"]
+    assert status_of(k8s, "no-claim")["phase"] == "Degraded"
+    assert k8s.get(*DEPLOYMENTS, "no-claim", "default") is None  # no pods that cannot start
+    warnings = [e for e in k8s.list("v1", "events", "default")
+                if e["involvedObject"]["name"] == "no-claim" and e["type"] == "Warning"]
+    assert warnings and warnings[0]["reason"] == "ClaimNotFound"
+    k8s.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                "metadata": {"name": "missing-claim", "namespace": "default"}, "spec": {}})
+    wait_deployment(k8s, "no-claim")  # the drift timer notices the claim
+    k8s.eventually(lambda: condition(k8s, "no-claim", "Degraded") == ("False", "AsExpected"), WAIT_S)
+
+
+def test_deleting_the_model_leaves_nothing_behind(cluster):
+    k8s, _ = cluster
+    obj = tiny("short-lived")
+    obj["spec"]["placement"] = {"policy": "latency-first"}  # with a PDB too
+    k8s.create(obj)
+    k8s.eventually(lambda: k8s.get("policy/v1", "poddisruptionbudgets", "short-lived", "default"), WAIT_S)
+    wait_deployment(k8s, "short-lived")
+    k8s.delete(*IM, "short-lived", "default")
+    k8s.eventually(lambda: k8s.get(*IM, "short-lived", "default") is None, WAIT_S, message="finalizer released")
+    selector = "app.kubernetes.io/instance=short-lived"
+    for api_version, plural in (DEPLOYMENTS, ("v1", "services"), ("policy/v1", "poddisruptionbudgets")):
+        assert k8s.list(api_version, plural, "default", labels=selector) == []
+
+
+def test_switching_to_cost_first_removes_the_pdb(cluster):
+    k8s, _ = cluster
+    obj = tiny("switcher")
+    obj["spec"]["placement"] = {"policy": "latency-first"}
+    k8s.create(obj)
+    k8s.eventually(lambda: k8s.get("policy/v1", "poddisruptionbudgets", "switcher", "default"), WAIT_S)
+    k8s.patch(*IM, "switcher", "default", {"spec": {"placement": {"policy": "cost-first"}}})
+    k8s.eventually(lambda: k8s.get("policy/v1", "poddisruptionbudgets", "switcher", "default") is None, WAIT_S)
+
+
+def test_health_and_metrics_endpoints(cluster):
+    _, op = cluster
+    assert op.healthy()
+    text = httpx.get(f"http://127.0.0.1:{op.metrics_port}/metrics", timeout=5).text
+    assert 'flotilla_operator_reconciles_total{resource="inferencemodel"}' in text
+    assert 'flotilla_operator_max_replicas{model="tiny",namespace="default"} 2.0' in text
+
+
+def test_killed_mid_reconcile_then_restarted_converges_without_duplicates(tmp_path):
+    with serve(tmp_path, crds=[crd()], monitoring=True) as k8s:
+        k8s.emulator.delays_s["POST deployments"] = 3.0  # the operator is killed while this is in flight
+        with operator_process(k8s.kubeconfig, tmp_path, "--drift-interval-s", str(DRIFT_S)) as first:
+            k8s.create(tiny("phoenix"))
+            k8s.eventually(lambda: k8s.get("v1", "services", "phoenix", "default"), WAIT_S)
+            time.sleep(0.5)
+            assert k8s.get(*DEPLOYMENTS, "phoenix", "default") is None  # mid-reconcile
+            first.kill()
+        k8s.emulator.delays_s.clear()
+        with operator_process(k8s.kubeconfig, tmp_path, "--drift-interval-s", str(DRIFT_S)):
+            wait_deployment(k8s, "phoenix")
+            k8s.eventually(lambda: k8s.get("monitoring.coreos.com/v1", "servicemonitors", "phoenix", "default"), WAIT_S)
+            k8s.eventually(lambda: status_of(k8s, "phoenix").get("phase") == "Progressing", WAIT_S)
+            time.sleep(DRIFT_S + 1)  # a drift tick after convergence must not add anything
+            selector = "app.kubernetes.io/instance=phoenix"
+            for api_version, plural in (DEPLOYMENTS, ("v1", "services"), ("monitoring.coreos.com/v1", "servicemonitors")):
+                assert len(k8s.list(api_version, plural, "default", labels=selector)) == 1, plural
