@@ -143,13 +143,17 @@ def paged_attention(
         if p.block_ids is None:
             ks = k[p.token_start:p.token_end].transpose(0, 1)
             vs = v[p.token_start:p.token_end].transpose(0, 1)
-            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale, enable_gqa=True)
         else:
             k_rows, v_rows = kv.gather_blocks(layer, p.block_ids)
             ks = k_rows.view(-1, kv_heads, head_dim)[:p.context_len].transpose(0, 1)
             vs = v_rows.view(-1, kv_heads, head_dim)[:p.context_len].transpose(0, 1)
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=p.mask, scale=scale, enable_gqa=True)
-        out[p.token_start:p.token_end] = o.transpose(0, 1)
+        if group > 1:  # expanded, not enable_gqa: on CPU enable_gqa falls back to the slow math kernel
+            ks, vs = ks.repeat_interleave(group, dim=0), vs.repeat_interleave(group, dim=0)
+        # 4-d (batch of one): the CPU flash kernel takes only 4-d inputs, 3-d ones go to the math kernel
+        o = F.scaled_dot_product_attention(
+            qs[None], ks[None], vs[None], attn_mask=p.mask, is_causal=p.mask is None, scale=scale
+        )
+        out[p.token_start:p.token_end] = o[0].transpose(0, 1)
     if batch.decode is not None:
         d = batch.decode
         out[d.token_start:] = _decode(q[d.token_start:], kv, layer, d, group, scale)
