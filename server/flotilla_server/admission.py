@@ -77,6 +77,9 @@ class AdmissionQueue:
     def __len__(self) -> int:
         return len(self._policy)
 
+    def is_full(self) -> bool:
+        return self._policy.is_full()
+
     @property
     def depth(self) -> int:
         return self._policy.depth
@@ -138,6 +141,7 @@ class AdmissionQueue:
         prompt_token_ids: list[int],
         params: Any,
         client_gone: Callable[[], Awaitable[None]],
+        on_queued: Callable[[], None] | None = None,
     ) -> tuple[Any, float]:
         """Wait for admission; return (the engine's stream, seconds waited).
 
@@ -147,9 +151,15 @@ class AdmissionQueue:
         """
         assert self._loop is not None, "AdmissionQueue.start() was not called"
         if self._policy.is_full():
-            raise QueueFull
+            # the driver may not have run since the last arrivals: give its round a chance first
+            # (same loop thread, same policy, so still one admitter in effect)
+            self._policy.admit_round(self._try_admit)
+            if self._policy.is_full():
+                raise QueueFull
         waiter = Waiter(request_id, prompt_token_ids, params, self._loop.create_future())
         self._policy.push(waiter)
+        if on_queued is not None:
+            on_queued()
         self.signal_capacity()
         gone = asyncio.ensure_future(client_gone())
         admitted = False

@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from flotilla_server.api import include_routers
 from flotilla_server.api.body_guard import BodyGuard
 from flotilla_server.api.errors import install_error_handlers
+from flotilla_server.api.shedder import LoadShedder
 from flotilla_server.state import ServerState
 
 
@@ -39,4 +40,5 @@ def create_app(state: ServerState, max_body_bytes: int) -> FastAPI:
     install_error_handlers(app)
     include_routers(app)
     app.add_middleware(BodyGuard, max_body_bytes=max_body_bytes)
+    app.add_middleware(LoadShedder, state=state)  # added last: runs first
     return app

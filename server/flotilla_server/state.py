@@ -28,6 +28,8 @@ class ServerState:
     created_s: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False
     ready: bool = False
+    door_limit: int = 0  # door tickets + waiters allowed: queue depth + slots (set at construction)
+    at_door: int = 0  # requests past the load shedder that have not reached the queue yet
     in_flight: int = 0  # requests past the drain check and not yet answered (queued or running)
     live: set[str] = field(default_factory=set)  # admitted requests whose outcome is not yet counted
     slow_clients: set[str] = field(default_factory=set)  # live requests the engine cut off as slow_client
@@ -35,6 +37,7 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.metrics = ServerMetrics(self.served_model_name, self.snapshot)
+        self.door_limit = self.admission.depth + self.engine.stats().num_slots
 
     def snapshot(self) -> StateSnapshot:
         s = self.engine.stats()

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from flotilla_server import sse
 from flotilla_server.admission import ClientGone, QueueFull, QueueTimeout, retry_after_s
 from flotilla_server.api.errors import APIError
+from flotilla_server.api.shedder import DOOR_TICKET, DRAINING_MESSAGE, queue_full_message
 from flotilla_server.sampling_params import SamplingParams
 from flotilla_server.state import ServerState
 
@@ -107,7 +108,7 @@ async def admit(request: Request, state: ServerState, job: Job) -> tuple[Any, fl
     if state.draining:
         m.count_request(503)
         m.count_rejection("draining")
-        raise APIError(503, "The server is draining for shutdown: retry against another replica.",
+        raise APIError(503, DRAINING_MESSAGE,
                        code="draining", headers={"Retry-After": "1", "Connection": "close"})
     why = state.engine.check_feasible(len(job.prompt_token_ids), job.params.max_tokens)
     if why is not None:
@@ -116,14 +117,15 @@ async def admit(request: Request, state: ServerState, job: Job) -> tuple[Any, fl
         raise APIError(400, f"This request can never fit: {why}. Shorten the prompt or lower max_tokens.",
                        param="max_tokens", code="context_length_exceeded")
     retry = {"Retry-After": str(retry_after_s(state.admission.queue_timeout_s))}
+    ticket = request.scope.get(DOOR_TICKET)
     try:
         return await state.admission.admit(job.request_id, job.prompt_token_ids, job.params,
-                                           lambda: wait_for_disconnect(request))
+                                           lambda: wait_for_disconnect(request),
+                                           on_queued=ticket.release if ticket is not None else None)
     except QueueFull:
         m.count_request(429)
         m.count_rejection("queue_full")
-        raise APIError(429, f"The server's queue is full ({state.admission.depth} waiting): retry after "
-                            f"{retry['Retry-After']} s or send to another replica.",
+        raise APIError(429, queue_full_message(state.admission.depth, int(retry["Retry-After"])),
                        code="queue_full", headers=retry) from None
     except QueueTimeout:
         m.count_request(429)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from flotilla_server.bench.online_stats import RequestRecord, records_as_dicts, summarize
 
 _WORDS = ["the", "sea", "is", "calm", "and", "the", "ships", "sail", "north", "to", "the", "harbour", "where", "old", "captains", "tell", "stories", "of", "storms", "and", "stars", "and", "the", "long", "nights", "spent", "waiting", "for", "wind"]
