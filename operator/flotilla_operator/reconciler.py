@@ -101,16 +101,16 @@ async def reconcile(ctx: Context, body: dict[str, Any], logger: logging.Logger |
         if action != "keep":
             verb = "Created" if action == "create" else "Updated"
             logger.info(f"{verb.lower()} {kind} {namespace}/{child_name}")
-            kopf.info(ref, reason=verb, message=f"{verb} {kind} {child_name}")
+            kopf.event(ref, type="Normal", reason=verb, message=f"{verb} {kind} {child_name}")
     kinds = [k for k in PRUNABLE_KINDS if ctx.monitoring or k[1] != "ServiceMonitor"]
     for deleted in await prune_children(ctx.kube, namespace, name, uid, desired, kinds):
-        kopf.info(ref, reason="Deleted", message=f"Deleted {deleted}: the spec no longer asks for it")
+        kopf.event(ref, type="Normal", reason="Deleted", message=f"Deleted {deleted}: the spec no longer asks for it")
     previous = await write_status(ctx, namespace, name, problems)
     old_messages = _problem_messages(previous)
     for problem in problems:
         if problem.message not in old_messages:
-            logger.warning(problem.message)
-            kopf.warn(ref, reason=problem.reason, message=problem.message)
+            logger.info(f"cannot honour the spec: {problem.message}")
+            kopf.event(ref, type="Warning", reason=problem.reason, message=problem.message)
 
 
 def _problem_messages(status: dict[str, Any] | None) -> str:

@@ -278,7 +278,9 @@ class AutoscalerStatus(ApiModel):
 
     last_scale_time: str | None = Field(None, description="lastScaleTime is when the autoscaler last changed replicas.")
     last_decision: str | None = Field(None, description="lastDecision is the last decision with the numbers that drove it.")
+    last_reason: str | None = Field(None, description="lastReason is the machine-readable reason of the last decision.")
     queue_depth: int | None = Field(None, description="queueDepth is the pool-wide waiting requests seen at the last decision.")
+    idle_since: str | None = Field(None, description="idleSince is when demand was last seen to drop to zero (for scale to zero).")
     recommendations: list[Recommendation] = Field(
         default_factory=list, description="recommendations within the stabilization window; they survive operator restarts."
     )

@@ -12,12 +12,14 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from flotilla_operator import types
 from flotilla_operator.manifests import Owner, build_deployment, build_pdb, build_service
 
-from tests.support.examples import EXAMPLES, crd, load_example
+from tests.support.examples import EXAMPLES, ROOT, crd, load_example
 from tests.support.k8s_emulator import EmulatorHandle, serve
 from tests.support.operator_process import operator_process
+from tests.support.rbac import allows
 
 DRIFT_S = 2.0
 WAIT_S = 15.0
@@ -248,3 +250,31 @@ def test_killed_mid_reconcile_then_restarted_converges_without_duplicates(tmp_pa
             selector = "app.kubernetes.io/instance=phoenix"
             for api_version, plural in (DEPLOYMENTS, ("v1", "services"), ("monitoring.coreos.com/v1", "servicemonitors")):
                 assert len(k8s.list(api_version, plural, "default", labels=selector)) == 1, plural
+
+
+def test_transient_api_errors_are_retried_with_backoff(tmp_path):
+    with serve(tmp_path, crds=[crd()]) as k8s:
+        k8s.emulator.failures["POST deployments"] = 2  # two 503s: retried after 1 s, then 2 s
+        with operator_process(k8s.kubeconfig, tmp_path, "--drift-interval-s", "60") as op:
+            k8s.create(tiny("flaky"))
+            wait_deployment(k8s, "flaky")
+            assert k8s.emulator.failures["POST deployments"] == 0
+            assert "retrying" in op.log()
+            k8s.eventually(lambda: status_of(k8s, "flaky").get("phase") == "Progressing", WAIT_S)
+
+
+def test_every_request_of_the_operator_is_allowed_by_deploy_rbac(cluster):
+    k8s, _ = cluster
+    k8s.create(tiny("audited"))
+    wait_deployment(k8s, "audited")
+    k8s.patch(*IM, "audited", "default", {"spec": {"replicas": 2}}, subresource="scale")
+    wait_deployment(k8s, "audited", lambda d: d["spec"]["replicas"] == 2)
+    k8s.delete(*IM, "audited", "default")
+    k8s.eventually(lambda: k8s.get(*IM, "audited", "default") is None, WAIT_S)
+    role = next(d for d in yaml.safe_load_all((ROOT / "deploy" / "rbac.yaml").read_text()) if d["kind"] == "ClusterRole")
+    used = {(e.verb, e.group, e.resource) for e in list(k8s.emulator.audit)
+            if not e.user_agent.startswith("python-httpx")}  # the test's own client is not the operator
+    assert {("create", "apps", "deployments"), ("watch", "flotilla.dev", "inferencemodels"),
+            ("patch", "flotilla.dev", "inferencemodels/status")} <= used
+    denied = sorted(u for u in used if not allows(role["rules"], *u))
+    assert denied == [], f"deploy/rbac.yaml lacks: {denied}"

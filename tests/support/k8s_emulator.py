@@ -102,6 +102,28 @@ class ApiError(Exception):
                 "code": self.code, "reason": self.reason, "message": self.message}
 
 
+@dataclass(frozen=True)
+class AuditEntry:
+    """One request as RBAC sees it: who (user agent), which verb, on what."""
+
+    user_agent: str
+    verb: str  # get, list, watch, create, update, patch, delete, deletecollection
+    group: str
+    resource: str  # plural, with "/subresource" when one was addressed
+    namespace: str | None
+
+    @classmethod
+    def of(cls, request: kmock.Request) -> AuditEntry:
+        method, named = request._raw_request.method, request.name is not None
+        if method == "GET":
+            verb = "watch" if request.params.get("watch") in ("true", "1") else ("get" if named else "list")
+        else:
+            verb = {"POST": "create", "PUT": "update", "PATCH": "patch",
+                    "DELETE": "delete" if named else "deletecollection"}.get(method, method.lower())
+        resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
+        return cls(request.headers.get("User-Agent", ""), verb, request.resource.group or "", resource, request.namespace)
+
+
 def kind_from_crd(crd: dict[str, Any]) -> Kind:
     spec = crd["spec"]
     version = next(v for v in spec["versions"] if v.get("storage", True))
@@ -144,6 +166,8 @@ class FlotillaEmulator(kmock.KubernetesEmulator):
     log: list[tuple[int, tuple[str, str], dict[str, Any]]] = attrs.field(factory=list)
     watchers: list[tuple[tuple[str, str], asyncio.Queue[dict[str, Any]]]] = attrs.field(factory=list)
     delays_s: dict[str, float] = attrs.field(factory=dict)  # "POST deployments" → seconds, to catch clients mid-way
+    failures: dict[str, int] = attrs.field(factory=dict)  # "POST deployments" → how many 503s to answer first
+    audit: list[AuditEntry] = attrs.field(factory=list)  # every resource request, for RBAC checks
     _rv: itertools.count[int] = attrs.field(factory=lambda: itertools.count(1))
     last_rv: int = 0
 
@@ -172,12 +196,18 @@ class FlotillaEmulator(kmock.KubernetesEmulator):
 
     async def _handle(self, request: kmock.Request) -> aiohttp.web.StreamResponse:
         res = request.resource
+        if res is not None and res.plural:
+            self.audit.append(AuditEntry.of(request))
         kind = self.kinds.get((res.group, res.plural)) if res is not None and res.plural else None
         if kind is None or res.version != kind.version:
             return await super()._handle(request)  # discovery, or 404 for unknown resources
-        delay_s = self.delays_s.get(f"{request._raw_request.method} {kind.plural}", 0.0)
-        if delay_s:
-            await asyncio.sleep(delay_s)
+        verb = f"{request._raw_request.method} {kind.plural}"
+        if self.delays_s.get(verb):
+            await asyncio.sleep(self.delays_s[verb])
+        if self.failures.get(verb, 0) > 0:
+            self.failures[verb] -= 1
+            error = ApiError(503, "ServiceUnavailable", "injected by the test: the API server is overloaded")
+            return aiohttp.web.json_response(error.status(), status=503)
         try:
             if request.method == kmock.method.GET and request.params.get("watch") in ("true", "1"):
                 return await self._watch(kind, request)

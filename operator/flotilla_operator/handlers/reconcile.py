@@ -47,7 +47,7 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=STORAGE_PREFIX)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=STORAGE_PREFIX)
         settings.persistence.finalizer = FINALIZER  # stops the drift timer cleanly on deletion
-        settings.posting.level = logging.INFO
+        settings.posting.level = logging.WARNING  # log lines above INFO become Events; actions post their own
         settings.watching.server_timeout = 300
         kube = KubeClient(login())
         monitoring = await kube.has_api_group("monitoring.coreos.com/v1")
@@ -91,8 +91,8 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
                     return
                 if event["type"] == "DELETED":  # recreate now rather than at the next drift tick
                     logger.info(f"Deployment {namespace}/{owner} was deleted; recreating it")
-                    kopf.warn(reconciler.object_ref(namespace, owner, model["metadata"]["uid"]),
-                              reason="Recreating", message="the Deployment was deleted by someone else")
+                    kopf.event(reconciler.object_ref(namespace, owner, model["metadata"]["uid"]), type="Warning",
+                               reason="Recreating", message="the Deployment was deleted by someone else")
                     await reconciler.reconcile(ctx, model, logger)
                 else:
                     await reconciler.write_status(ctx, namespace, owner, problems=None)
