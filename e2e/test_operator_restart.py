@@ -1,0 +1,49 @@
+"""Restarting the operator in the middle of a scale-down window neither scales down at once nor
+resets the window: the recommendations live in status.autoscaler, not in the process.
+
+The model starts at 3 replicas with no load. Its first decision records 3 (the current size) and 1,
+so the scale-down is due one window after that first decision. The operator is restarted 6 s into
+the window: the scale-down must come at the window's end, not sooner, and not a window after the
+restart.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+from e2e.conftest import AUTOSCALE_INTERVAL_S
+from e2e.harness import Loop, inference_model
+
+NAME = "restart"
+WINDOW_S = 20  # scaleDownStabilizationSeconds
+RESTART_AT_S = 6  # into the window
+
+
+def epoch(rfc3339: str) -> float:
+    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+
+
+def test_restart_mid_window_keeps_the_window(loop: Loop) -> None:
+    loop.apply(inference_model(NAME, "cost-first", replicas=3, minReplicas=1, maxReplicas=3,
+                               scaleDownStabilizationSeconds=WINDOW_S))
+    try:
+        first = loop.wait(lambda: (loop.model(NAME).get("status") or {}).get("autoscaler", {}).get("recommendations"),
+                          30, "a first decision")
+        window_start = epoch(first[0]["time"])
+        assert first[0]["replicas"] == 3, first  # the current size is remembered as evidence
+        time.sleep(max(window_start + RESTART_AT_S - time.time(), 0))
+        assert time.time() < window_start + WINDOW_S / 2, "too slow to restart mid-window"
+        loop.restart_operator()
+        restarted = time.time()  # a reset window would start no earlier than the new process' first tick
+        assert loop.replicas(NAME) == 3, "scaled down during the restart"
+        loop.wait(lambda: loop.replicas(NAME) == 1, WINDOW_S + 6 * AUTOSCALE_INTERVAL_S, "scale-down")
+        down = time.time()
+        print(f"window start +{restarted - window_start:.1f}s restarted, +{down - window_start:.1f}s down")
+        assert down >= window_start + WINDOW_S - 0.5, "scaled down before the window ended"
+        assert down < restarted + WINDOW_S, "the restart reset the window"
+        auto = loop.model(NAME)["status"]["autoscaler"]
+        assert auto["lastReason"] == "ScaleDown" and epoch(auto["lastScaleTime"]) >= window_start + WINDOW_S - 0.5
+    finally:
+        loop.delete(NAME)
+        loop.wait(lambda: loop.runner.processes(NAME) == 0, 30, "servers of the deleted model stopped")
