@@ -82,7 +82,7 @@ async def reconcile(ctx: Context, body: dict[str, Any], logger: logging.Logger |
     except pydantic.ValidationError as error:
         problem = Problem("InvalidSpec", f"the spec cannot be read: {error.errors()[0]['msg']} at "
                           f"{'.'.join(map(str, error.errors()[0]['loc']))}; fix it and re-apply")
-        await write_status(ctx, namespace, name, [problem])
+        await write_status(ctx, namespace, name, [problem], meta.get("generation"))
         return
     owner = Owner(name, namespace, uid, spec)
     problems = await find_problems(ctx.kube, namespace, spec)
@@ -105,7 +105,7 @@ async def reconcile(ctx: Context, body: dict[str, Any], logger: logging.Logger |
     kinds = [k for k in PRUNABLE_KINDS if ctx.monitoring or k[1] != "ServiceMonitor"]
     for deleted in await prune_children(ctx.kube, namespace, name, uid, desired, kinds):
         kopf.event(ref, type="Normal", reason="Deleted", message=f"Deleted {deleted}: the spec no longer asks for it")
-    previous = await write_status(ctx, namespace, name, problems)
+    previous = await write_status(ctx, namespace, name, problems, meta.get("generation"))
     old_messages = _problem_messages(previous)
     for problem in problems:
         if problem.message not in old_messages:
@@ -129,8 +129,12 @@ def _known_problems(status: dict[str, Any] | None) -> list[Problem]:
     return []
 
 
-async def write_status(ctx: Context, namespace: str, name: str, problems: list[Problem] | None) -> dict[str, Any] | None:
+async def write_status(ctx: Context, namespace: str, name: str, problems: list[Problem] | None,
+                       applied_generation: int | None = None) -> dict[str, Any] | None:
     """Recompute and write our status fields; `problems` None keeps the last reconcile's findings.
+
+    `applied_generation` is the spec generation just applied; None (a Deployment event) keeps the
+    last one recorded, so observedGeneration never claims a spec that was not reconciled yet.
 
     Returns the status as it was before. Writes carry the resourceVersion they were computed from,
     so a concurrent writer (the autoscaler) is never overwritten: on conflict, re-read and retry.
@@ -147,8 +151,9 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
         except pydantic.ValidationError:
             desired, max_replicas = int((obj.get("spec") or {}).get("replicas") or 0), 0
         deployment = await ctx.kube.get("apps/v1", "deployments", namespace, name)
+        generation = applied_generation or previous.get("observedGeneration") or obj["metadata"].get("generation", 1)
         observed = Observed(
-            generation=obj["metadata"].get("generation", 1),
+            generation=generation,
             desired_replicas=desired,
             deployment=deployment,
             problems=tuple(_known_problems(previous) if problems is None else problems),

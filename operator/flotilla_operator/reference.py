@@ -17,8 +17,10 @@ INTRO = """\
 (`flotilla.dev/v1alpha1`, short name `im`) and keeps, for each one, a Deployment of
 `flotilla-server` replicas, a Service, a PodDisruptionBudget (latency-first only) and a
 ServiceMonitor (when the `monitoring.coreos.com` API exists). Every child carries an owner
-reference to its `InferenceModel`, so deleting the model lets the garbage collector delete the
-children; the operator also deletes them itself, so nothing is left behind where no collector runs.
+reference to its `InferenceModel`, so deleting the model lets Kubernetes' garbage collector delete
+the children. The operator deletes a child itself only when the spec stops asking for it (the PDB
+after a switch to cost-first, for example). While the operator runs a drift timer on a model, the
+model carries the `flotilla.dev/operator` finalizer; it is released as soon as the model is deleted.
 
 Reconciliation is level-based: create, update, resume and a drift timer (every
 `--drift-interval-s`) all compute the same desired manifests and apply what differs. A spec change

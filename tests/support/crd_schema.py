@@ -55,10 +55,12 @@ def _default(schema: dict[str, Any], value: Any) -> None:
             _default(schema["items"], item)
 
 
+_ENV = celpy.Environment()  # built once, at import: constructing one raises the recursion limit
+
+
 @functools.cache
 def _program(rule: str) -> Any:
-    env = celpy.Environment()
-    return env.program(env.compile(rule))
+    return _ENV.program(_ENV.compile(rule))
 
 
 def _path(parts: Any) -> str:
