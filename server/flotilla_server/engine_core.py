@@ -151,6 +151,8 @@ class EngineCore:
             text = detok.add([token])
             if detok.stopped and not seq.is_finished:
                 self.scheduler.finish(seq, "stop")
+            elif detok.stopped:
+                seq.finish_reason = "stop"  # the stop string came with the last allowed token
         if seq.is_finished:
             text += detok.flush()
             self._forget(seq.request_id)

@@ -6,7 +6,8 @@ One workload runs in four modes on the same model and engine settings:
 - `static`: fixed batches of `static_batch` requests; a batch runs until its longest member finishes
   (each member generates the batch's longest output; only its own tokens count) and the next starts.
 - `sequential`: one request at a time (every `sequential_stride`-th request: the rate is per token).
-- `transformers`: the same weights through `transformers` `generate`, static batches, left padding.
+- `transformers`: the same weights through `transformers` `generate`, static batches, left padding
+  (the first `transformers_batches` batches of `transformers_batch` requests: a rate, sampled to fit).
 
 Figures: output tokens/s per mode; `kv_utilization` (positions holding tokens ÷ positions allocated,
 averaged over saturated steps: all slots busy or requests waiting) and `forward_fraction` (model
@@ -64,8 +65,8 @@ class ModeResult:
         }
 
 
-def engine_config(workload: Workload, loaded: LoadedModel) -> EngineConfig:
-    return EngineConfig(model=workload.model, max_num_seqs=workload.max_num_seqs)
+def engine_config(workload: Workload, loaded: LoadedModel, device: str = "cpu", dtype: str = "float32") -> EngineConfig:
+    return EngineConfig(model=workload.model, max_num_seqs=workload.max_num_seqs, device=device, dtype=dtype)
 
 
 def _params(n: int) -> SamplingParams:
@@ -77,8 +78,9 @@ def _drain(engine: EngineCore) -> None:
         engine.step()
 
 
-def run_engine_mode(mode: str, workload: Workload, loaded: LoadedModel, requests: list[Request]) -> ModeResult:
-    engine = EngineCore(engine_config(workload, loaded), loaded=loaded)
+def run_engine_mode(mode: str, workload: Workload, loaded: LoadedModel, requests: list[Request],
+                    device: str = "cpu", dtype: str = "float32") -> ModeResult:
+    engine = EngineCore(engine_config(workload, loaded, device, dtype), loaded=loaded)
     result = ModeResult()
     engine.add_step_listener(result.steps.append)
     start = time.perf_counter()
@@ -110,8 +112,9 @@ def run_engine_mode(mode: str, workload: Workload, loaded: LoadedModel, requests
 
 
 @torch.inference_mode()
-def run_transformers(workload: Workload, hf_model: Any, requests: list[Request]) -> ModeResult:
-    batches = [requests[b : b + workload.static_batch] for b in range(0, len(requests), workload.static_batch)]
+def run_transformers(workload: Workload, hf_model: Any, requests: list[Request], device: str = "cpu") -> ModeResult:
+    size = workload.transformers_batch or workload.static_batch
+    batches = [requests[b : b + size] for b in range(0, len(requests), size)]
     batches = batches[: workload.transformers_batches]
     result = ModeResult()
     start = time.perf_counter()
@@ -123,8 +126,10 @@ def run_transformers(workload: Workload, hf_model: Any, requests: list[Request])
             ids[i, width - len(r.prompt_token_ids) :] = torch.tensor(r.prompt_token_ids)
             mask[i, width - len(r.prompt_token_ids) :] = 1
         longest = max(r.output_len for r in batch)
-        hf_model.generate(ids, attention_mask=mask, max_new_tokens=longest, min_new_tokens=longest,
+        hf_model.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=longest, min_new_tokens=longest,
                           do_sample=False, pad_token_id=0)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
     result.duration_s = time.perf_counter() - start
     result.requests = sum(len(b) for b in batches)
     result.output_tokens = sum(r.output_len for b in batches for r in b)
@@ -145,11 +150,12 @@ def forward_fraction(steps: list[StepRecord], max_num_seqs: int) -> tuple[float 
     return sum(s.forward_s for s in full) / sum(s.duration_s for s in full), len(full)
 
 
-def run_workload(workload: Workload, modes: list[str], log: Any) -> dict[str, Any]:
-    loaded = build_model(workload.model)
+def run_workload(workload: Workload, modes: list[str], log: Any, device: str = "cpu",
+                 dtype: str = "float32") -> dict[str, Any]:
+    loaded = build_model(workload.model, device=device, dtype=dtype)
     requests = make_requests(workload, loaded.config.vocab_size)
     log(f"[{workload.name}] {num_parameters(loaded.model) / 1e6:.1f}M parameters; warming up")
-    warm = EngineCore(engine_config(workload, loaded), loaded=loaded)
+    warm = EngineCore(engine_config(workload, loaded, device, dtype), loaded=loaded)
     for i, r in enumerate(requests[:2]):
         warm.add_request(str(i), r.prompt_token_ids, _params(4))
     _drain(warm)
@@ -158,20 +164,21 @@ def run_workload(workload: Workload, modes: list[str], log: Any) -> dict[str, An
     for mode in modes:
         log(f"[{workload.name}] {mode} ...")
         if mode == "transformers":
-            hf = to_transformers(loaded)
-            run_transformers(workload, hf, requests[:1][:1])  # warm-up
-            results[mode] = run_transformers(workload, hf, requests)
+            hf = to_transformers(loaded).to(device)
+            run_transformers(workload, hf, requests[:1], device)  # warm-up
+            results[mode] = run_transformers(workload, hf, requests, device)
             del hf
         else:
-            results[mode] = run_engine_mode(mode, workload, loaded, requests)
+            results[mode] = run_engine_mode(mode, workload, loaded, requests, device, dtype)
         r = results[mode]
         log(f"[{workload.name}] {mode}: {r.output_tokens} tokens in {r.duration_s:.1f} s")
     out: dict[str, Any] = {
         "description": workload.description,
         "model": {"name": workload.model, "parameters": num_parameters(loaded.model)},
-        "engine": {k: getattr(engine_config(workload, loaded), k)
-                   for k in ("max_num_seqs", "max_num_batched_tokens", "prefill_chunk", "block_size")},
+        "engine": {k: getattr(engine_config(workload, loaded, device, dtype), k)
+                   for k in ("max_num_seqs", "max_num_batched_tokens", "prefill_chunk", "block_size", "device", "dtype")},
         "static_batch": workload.static_batch,
+        "transformers_batch": workload.transformers_batch or workload.static_batch,
         "modes": {m: r.as_dict() for m, r in results.items()},
     }
     if "continuous" in results:
@@ -191,6 +198,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--mode", action="append", choices=MODES, default=None, help="Run only this mode (repeatable).")
     a("--quick", action="store_true", help="A smoke run in seconds: small workloads, small batches.")
     a("--threads", type=int, default=None, help="torch CPU threads; default: torch's own choice.")
+    a("--device", default="cpu", help="cpu or cuda[:N].")
+    a("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="Model and KV dtype.")
     a("--json", type=Path, default=None, help="Write the figures here as JSON.")
     a("--plot", type=Path, default=None, help="Write a PNG of throughput by mode here.")
 
@@ -218,7 +227,9 @@ def run(args: argparse.Namespace) -> int:
     report = {
         "quick": args.quick,
         "threads": torch.get_num_threads(),
-        "workloads": {name: run_workload(table[name], modes, log) for name in names},
+        "device": args.device,
+        "dtype": args.dtype,
+        "workloads": {name: run_workload(table[name], modes, log, args.device, args.dtype) for name in names},
     }
     report["total_s"] = round(time.perf_counter() - started, 1)
     print_table(report)

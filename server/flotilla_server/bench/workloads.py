@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from flotilla_server.model import DecoderModel, LoadedModel, ModelConfig
+from flotilla_server.model.loader import torch_dtype
 from flotilla_server.model.tiny import TINY_CONFIG, build_tiny_model, build_tiny_tokenizer
 
 
@@ -33,14 +34,16 @@ class Workload:
     max_num_seqs: int = 64
     static_batch: int = 64
     sequential_stride: int = 4  # sequential mode runs every Nth request: a rate, sampled to fit the time budget
-    transformers_batches: int | None = None  # None: every batch
+    transformers_batch: int | None = None  # transformers' static batch; None: static_batch
+    transformers_batches: int | None = None  # batches run through transformers; None: every batch
 
 
 WORKLOADS = {
     "tiny": Workload("tiny", "tiny (demonstration model), 256 requests, lengths 8-512", "tiny", 256, 8, 512,
                      transformers_batches=2),
     "llama-100m": Workload("llama-100m", "random Llama ~100M parameters, 64 requests, lengths 8-256",
-                           "llama-100m", 64, 8, 256),
+                           "llama-100m", 64, 8, 256, sequential_stride=8, transformers_batch=32,
+                           transformers_batches=1),
 }
 QUICK_WORKLOADS = {
     "tiny": Workload("tiny", "tiny, 12 requests, lengths 8-40 (--quick)", "tiny", 12, 8, 40,
@@ -63,7 +66,7 @@ LLAMA_SMALL = ModelConfig(
 )
 
 
-def build_model(name: str, seed: int = 0) -> LoadedModel:
+def build_model(name: str, seed: int = 0, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
     if name == "tiny":
         model = build_tiny_model()
         config = TINY_CONFIG
@@ -75,6 +78,7 @@ def build_model(name: str, seed: int = 0) -> LoadedModel:
             for pname, p in model.named_parameters():
                 p.copy_(torch.ones(p.shape) if pname.endswith("norm.weight") else torch.randn(p.shape, generator=gen) * 0.02)
         model.eval()
+    model = model.to(device=device, dtype=torch_dtype(dtype))
     return LoadedModel(model, build_tiny_tokenizer(), config, name, f"{name}: random weights, for benchmarks")
 
 
@@ -106,6 +110,7 @@ def to_transformers(loaded: LoadedModel):
     q_size, kv_size = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
     state = {}
     for name, tensor in loaded.model.state_dict().items():
+        tensor = tensor.cpu()
         if ".qkv_proj." in name:
             for part, t in zip(("q_proj", "k_proj", "v_proj"), tensor.split((q_size, kv_size, kv_size)), strict=True):
                 state["model." + name.replace("qkv_proj", part)] = t
@@ -114,7 +119,7 @@ def to_transformers(loaded: LoadedModel):
                 state["model." + name.replace("gate_up_proj", part)] = t
         else:
             state["model." + name] = tensor
-    hf = transformers.LlamaForCausalLM(hf_config)
+    hf = transformers.LlamaForCausalLM(hf_config).to(next(loaded.model.parameters()).dtype)
     missing, unexpected = hf.load_state_dict(state, strict=False)
     missing = [m for m in missing if not (m == "lm_head.weight" and c.tie_word_embeddings)]
     if missing or unexpected:
