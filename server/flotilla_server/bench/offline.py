@@ -12,6 +12,8 @@ One workload runs in four modes on the same model and engine settings:
 Figures: output tokens/s per mode; `kv_utilization` (positions holding tokens ÷ positions allocated,
 averaged over saturated steps: all slots busy or requests waiting) and `forward_fraction` (model
 forward time ÷ step time, over continuous steps at a full batch of `max_num_seqs` sequences).
+Wall-clock rates are the figures; rates per CPU-second of this process are reported beside them
+because they stay steady when other work shares the machine (with one thread they coincide).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class ModeResult:
     requests: int = 0
     output_tokens: int = 0  # useful tokens: each request's own output length
     duration_s: float = 0.0
+    cpu_s: float = 0.0  # this process's CPU time: steadier than wall time on a shared machine
     steps: list[StepRecord] = field(default_factory=list)
     preemptions: int = 0
 
@@ -60,6 +63,8 @@ class ModeResult:
             "output_tokens": self.output_tokens,
             "requests": self.requests,
             "duration_s": round(self.duration_s, 3),
+            "output_tokens_per_cpu_s": self.output_tokens / self.cpu_s if self.cpu_s else 0.0,
+            "cpu_s": round(self.cpu_s, 3),
             "steps": len(self.steps),
             "preemptions": self.preemptions,
         }
@@ -83,7 +88,7 @@ def run_engine_mode(mode: str, workload: Workload, loaded: LoadedModel, requests
     engine = EngineCore(engine_config(workload, loaded, device, dtype), loaded=loaded)
     result = ModeResult()
     engine.add_step_listener(result.steps.append)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     if mode == "continuous":
         for i, r in enumerate(requests):
             engine.add_request(str(i), r.prompt_token_ids, _params(r.output_len))
@@ -105,6 +110,7 @@ def run_engine_mode(mode: str, workload: Workload, loaded: LoadedModel, requests
     else:
         raise ValueError(f"unknown engine mode {mode!r}")
     result.duration_s = time.perf_counter() - start
+    result.cpu_s = time.process_time() - cpu_start
     result.requests = len(done)
     result.output_tokens = sum(r.output_len for r in done)
     result.preemptions = engine.scheduler.preemptions
@@ -117,7 +123,7 @@ def run_transformers(workload: Workload, hf_model: Any, requests: list[Request],
     batches = [requests[b : b + size] for b in range(0, len(requests), size)]
     batches = batches[: workload.transformers_batches]
     result = ModeResult()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for batch in batches:
         width = max(len(r.prompt_token_ids) for r in batch)
         ids = torch.zeros((len(batch), width), dtype=torch.long)
@@ -131,6 +137,7 @@ def run_transformers(workload: Workload, hf_model: Any, requests: list[Request],
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     result.duration_s = time.perf_counter() - start
+    result.cpu_s = time.process_time() - cpu_start
     result.requests = sum(len(b) for b in batches)
     result.output_tokens = sum(r.output_len for b in batches for r in b)
     return result
@@ -188,6 +195,9 @@ def run_workload(workload: Workload, modes: list[str], log: Any, device: str = "
         out["continuous_batch_by_step"] = [s.num_decode_seqs + s.num_prefill_seqs for s in steps]
         tps = {m: v["output_tokens_per_s"] for m, v in out["modes"].items()}
         out["ratios"] = {f"continuous_over_{m}": tps["continuous"] / tps[m] for m in tps if m != "continuous" and tps[m]}
+        cpu = {m: v["output_tokens_per_cpu_s"] for m, v in out["modes"].items()}
+        out["cpu_time_ratios"] = {f"continuous_over_{m}": cpu["continuous"] / cpu[m]
+                                  for m in cpu if m != "continuous" and cpu[m]}
     return out
 
 

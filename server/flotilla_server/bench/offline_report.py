@@ -11,11 +11,12 @@ def _fmt(x: float | None, spec: str) -> str:
 
 
 def print_table(report: dict[str, Any]) -> None:
-    print(f"{'workload':12s} {'mode':13s} {'requests':>8s} {'out tokens':>10s} {'seconds':>8s} {'tokens/s':>9s}")
+    print(f"{'workload':12s} {'mode':13s} {'requests':>8s} {'out tokens':>10s} {'seconds':>8s} {'tokens/s':>9s} "
+          f"{'tok/cpu-s':>9s}")
     for name, w in report["workloads"].items():
         for mode, m in w["modes"].items():
             print(f"{name:12s} {mode:13s} {m['requests']:8d} {m['output_tokens']:10d} {m['duration_s']:8.1f} "
-                  f"{m['output_tokens_per_s']:9.1f}")
+                  f"{m['output_tokens_per_s']:9.1f} {m.get('output_tokens_per_cpu_s', 0):9.1f}")
         ratios = "  ".join(f"{k}={v:.2f}x" for k, v in w.get("ratios", {}).items())
         print(f"{name:12s} kv_utilization={_fmt(w.get('kv_utilization'), '.3f')} "
               f"({w.get('kv_utilization_steps', 0)} steps)  forward_fraction={_fmt(w.get('forward_fraction'), '.3f')} "
