@@ -1,7 +1,11 @@
-"""Fixtures: small random Hugging Face models (saved with save_pretrained) and their transformers twins."""
+"""Fixtures: small random Hugging Face models (saved with save_pretrained) and their transformers twins.
+
+FLOTILLA_TEST_DEVICE=cuda runs the equality and half-precision tests on a GPU (default: cpu).
+"""
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -10,6 +14,8 @@ import pytest
 import torch
 
 from tests.support.hf_models import make_hf_model_dir
+
+DEVICE = os.environ.get("FLOTILLA_TEST_DEVICE", "cpu")
 
 # name -> (arch, overrides): every architecture, with grouped-query attention, tied embeddings, sharding
 VARIANTS = {
@@ -40,15 +46,17 @@ def random_prompts(lengths: Sequence[int], seed: int = 0, vocab: int = 380) -> l
     return [[rng.randrange(vocab) for _ in range(n)] for n in lengths]
 
 
-def hf_greedy(path: Path, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> list[list[int]]:
+def hf_greedy(
+    path: Path, prompts: Sequence[Sequence[int]], max_new_tokens: int, device: str = "cpu"
+) -> list[list[int]]:
     """transformers `generate(do_sample=False)`, one prompt at a time (no padding), EOS ignored."""
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
     model.generation_config.eos_token_id = None
     out = []
     for prompt in prompts:
-        ids = torch.tensor([list(prompt)])
+        ids = torch.tensor([list(prompt)], device=device)
         # an explicit mask: without one, generate() takes every token equal to pad_token_id for padding
         ids = model.generate(
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,

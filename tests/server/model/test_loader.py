@@ -13,7 +13,7 @@ from flotilla_server.model import load_model
 from flotilla_server.model.config import UnsupportedModelError
 from flotilla_server.model.tiny import build_tiny_model, build_tiny_tokenizer
 
-from .conftest import random_prompts
+from .conftest import DEVICE, random_prompts
 from .paged import paged_greedy
 
 
@@ -45,16 +45,16 @@ def test_tiny_is_deterministic_fast_and_labelled(caplog):
 def test_half_precision_runs_and_stays_close_to_float32(hf_model_dir, dtype):
     path = hf_model_dir("llama-gqa")
     prompts = random_prompts([30, 12], seed=9)
-    half = load_model(str(path), dtype, "cpu").model
+    half = load_model(str(path), dtype, DEVICE).model
     assert half.embed_tokens.weight.dtype == getattr(torch, dtype)
     out = paged_greedy(half, prompts, 6, chunk=8, start_steps=[0, 1])
     assert all(len(o) == 6 for o in out)
-    full = paged_greedy(load_model(str(path), "float32", "cpu").model, prompts, 6, chunk=8, start_steps=[0, 1])
+    full = paged_greedy(load_model(str(path), "float32", DEVICE).model, prompts, 6, chunk=8, start_steps=[0, 1])
     assert out[0][0] == full[0][0] and out[1][0] == full[1][0]  # first tokens agree; later ones may drift
 
 
 def test_tiny_generates_in_bfloat16():
-    model = load_model("tiny", "bfloat16", "cpu").model
+    model = load_model("tiny", "bfloat16", DEVICE).model
     assert all(len(o) == 4 for o in paged_greedy(model, [[1, 2, 3], list(range(40))], 4, chunk=16))
 
 
