@@ -30,7 +30,7 @@ from flotilla_operator.manifests import (
 from flotilla_operator.settings import OperatorSettings
 from flotilla_operator.status import Observed, Problem, compute_status, status_changed
 
-PRUNABLE_KINDS = (("policy/v1", "PodDisruptionBudget"), ("monitoring.coreos.com/v1", "ServiceMonitor"))
+PRUNABLE_KINDS = (("policy/v1", "PodDisruptionBudget"),)  # the only child a spec change can make unwanted
 NOT_PROBLEMS = ("AsExpected", "ReplicasLost")  # Degraded reasons that come from observation, not from the spec
 STATUS_WRITE_ATTEMPTS = 4
 
@@ -102,8 +102,7 @@ async def reconcile(ctx: Context, body: dict[str, Any], logger: logging.Logger |
             verb = "Created" if action == "create" else "Updated"
             logger.info(f"{verb.lower()} {kind} {namespace}/{child_name}")
             kopf.event(ref, type="Normal", reason=verb, message=f"{verb} {kind} {child_name}")
-    kinds = [k for k in PRUNABLE_KINDS if ctx.monitoring or k[1] != "ServiceMonitor"]
-    for deleted in await prune_children(ctx.kube, namespace, name, uid, desired, kinds):
+    for deleted in await prune_children(ctx.kube, namespace, name, uid, desired, PRUNABLE_KINDS):
         kopf.event(ref, type="Normal", reason="Deleted", message=f"Deleted {deleted}: the spec no longer asks for it")
     previous = await write_status(ctx, namespace, name, problems, meta.get("generation"))
     old_messages = _problem_messages(previous)
