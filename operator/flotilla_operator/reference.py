@@ -33,6 +33,30 @@ kubectl get im
 ```
 """
 
+PODS_TEXT = """\
+## What a model's pods look like
+
+| source | how the weights arrive | `--model` |
+|---|---|---|
+| `builtin: tiny` | embedded in the server; demonstration only | `tiny` |
+| `huggingface` | init container `download-model` runs `hf download REPO --revision REV` (the `hf` CLI of `huggingface_hub`, shipped in the server image) into an `emptyDir`; `HF_TOKEN` comes from `tokenSecret` | `/models/model` |
+| `pvc` | the claim mounted read-only at `/models`; a missing claim makes the model `Degraded` (`ClaimNotFound`) and no pods are created until it exists | `/models/PATH` |
+| `image` | init container `copy-model` copies `PATH` out of the model image into an `emptyDir` (works on every Kubernetes version, unlike image volumes) | `/models/model` |
+
+- Arguments: every `spec.server` field becomes the matching `flotilla-server` flag; defaults come from
+  `flotilla_server.config`. `kvCacheMemoryFraction` becomes `--kv-cache-memory` bytes: that share of
+  `resources.gpuMemory` on GPU pods (omitted when `gpuMemory` is unset) or of `resources.memory` on CPU pods.
+- Resources: requests equal limits; `nvidia.com/gpu` when `gpus > 0`, with `--device cuda`, bfloat16 by
+  default, the `nvidia.com/gpu.product` node selector from `gpuType`, and a memory-backed `/dev/shm`.
+- Probes: startup on `/healthz` (2 minutes for `tiny`, 15 minutes for downloaded or mounted models),
+  readiness on `/readyz`, liveness on `/healthz`. `terminationGracePeriodSeconds` is
+  `drainTimeoutSeconds + 15`, so a SIGTERM drain finishes before the kill.
+- Security: non-root (uid 1000), no privilege escalation, all capabilities dropped, read-only root
+  filesystem with an `emptyDir` at `/tmp`, no service-account token.
+- Placement: see [placement.md](placement.md).
+- Permissions: `deploy/rbac.yaml` grants exactly the verbs the operator uses; a test audits every request.
+"""
+
 STATUS_TEXT = """\
 ## Status
 
@@ -118,6 +142,7 @@ def render(cli_help: str) -> str:
         "| column | from |\n|---|---|",
         columns,
         "",
+        PODS_TEXT,
         STATUS_TEXT,
         "## Status reference\n",
         *status_rows,

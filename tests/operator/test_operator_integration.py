@@ -302,3 +302,15 @@ def test_deploy_rbac_grants_exactly_what_the_operator_uses(tmp_path):
     assert denied == [], f"deploy/rbac.yaml lacks: {denied}"
     unused = sorted(_granted(rules) - used - RESERVED)
     assert unused == [], f"deploy/rbac.yaml grants more than the operator uses: {unused}"
+
+
+def test_all_namespaces_mode_reconciles_any_namespace(tmp_path):
+    with serve(tmp_path, crds=[crd()], namespaces=("default", "team-a")) as k8s, \
+            operator_process(k8s.kubeconfig, tmp_path, namespace=None):
+        obj = tiny("elsewhere")
+        obj["metadata"]["namespace"] = "team-a"
+        k8s.create(obj)
+        deployment = k8s.eventually(lambda: k8s.get(*DEPLOYMENTS, "elsewhere", "team-a"), WAIT_S)
+        assert deployment["metadata"]["namespace"] == "team-a"
+        k8s.eventually(lambda: (k8s.get(*IM, "elsewhere", "team-a").get("status") or {}).get("endpoint")
+                       == "http://elsewhere.team-a.svc.cluster.local:8000/v1", WAIT_S)

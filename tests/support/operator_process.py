@@ -60,11 +60,13 @@ class OperatorProcess:
             self.process.wait(5)
 
 
-def start_operator(kubeconfig: str, log_path: Path, *args: str, namespace: str = "default",
+def start_operator(kubeconfig: str, log_path: Path, *args: str, namespace: str | None = "default",
                    ready_timeout_s: float = 30.0) -> OperatorProcess:
+    """Start the operator watching `namespace` (None: all namespaces) and wait until /healthz answers."""
     health_port, metrics_port = free_port(), free_port()
+    scope = ["--namespace", namespace] if namespace else ["--all-namespaces"]
     command = [
-        sys.executable, "-m", "flotilla_operator.cli", "--namespace", namespace, "--standalone",
+        sys.executable, "-m", "flotilla_operator.cli", *scope, "--standalone",
         "--health-port", str(health_port), "--metrics-port", str(metrics_port), "--verbose", *args,
     ]
     env = {**os.environ, "KUBECONFIG": kubeconfig, "PYTHONUNBUFFERED": "1"}
@@ -81,7 +83,7 @@ def start_operator(kubeconfig: str, log_path: Path, *args: str, namespace: str =
 
 
 @contextlib.contextmanager
-def operator_process(kubeconfig: str, directory: Path, *args: str, namespace: str = "default") -> Iterator[OperatorProcess]:
+def operator_process(kubeconfig: str, directory: Path, *args: str, namespace: str | None = "default") -> Iterator[OperatorProcess]:
     op = start_operator(kubeconfig, directory / "operator.log", *args, namespace=namespace)
     try:
         yield op
