@@ -17,6 +17,7 @@ import uvicorn
 
 from flotilla_server.admission import AdmissionQueue
 from flotilla_server.app import create_app
+from flotilla_server.bounded_protocol import BoundedH11Protocol
 from flotilla_server.cli import ServerSettings
 from flotilla_server.state import ServerState
 
@@ -77,7 +78,7 @@ def serve(settings: ServerSettings) -> int:
     )
     app = create_app(state, settings.max_body_bytes)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            timeout_graceful_shutdown=5, access_log=False)
+                            timeout_graceful_shutdown=5, access_log=False, http=BoundedH11Protocol)
     server = DrainingServer(config, state, settings.drain_timeout_s)
     if loaded.is_demonstration:
         print(f"NOTE: {loaded.description}", flush=True)
