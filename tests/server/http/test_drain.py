@@ -1,0 +1,57 @@
+"""SIGTERM during 8 streams: readiness drops at once, new requests get 503, the 8 finish whole, exit status 0."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from urllib.parse import urlparse
+
+from tests.server.http import raw_http
+from tests.server.http.server_process import run_server
+
+STREAMS, MAX_TOKENS = 8, 300
+
+
+def test_sigterm_drains_in_flight_streams(tmp_path):
+    with run_server("--max-num-seqs", "8", "--max-model-len", "512", "--drain-timeout-s", "30",
+                    tmp_path=tmp_path) as server:
+        url = urlparse(server.base_url)
+        host, port = url.hostname, url.port
+
+        async def go():
+            started = [asyncio.Event() for _ in range(STREAMS)]
+
+            async def stream(i: int) -> raw_http.RawResponse:
+                body = {"model": "tiny", "prompt": f"stream {i}", "max_tokens": MAX_TOKENS, "ignore_eos": True,
+                        "stream": True}
+                reader, writer = await raw_http.connect(host, port)
+                writer.write(raw_http.request_bytes(host, port, "/v1/completions", body))
+                resp = await raw_http.read_head(reader, time.monotonic())
+                started[i].set()
+                await raw_http.read_rest(reader, resp)
+                writer.close()
+                return resp
+
+            tasks = [asyncio.create_task(stream(i)) for i in range(STREAMS)]
+            await asyncio.gather(*(e.wait() for e in started))
+            server.proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.2)
+            ready = await raw_http.post(host, port, "/readyz", b"", method="GET")
+            refused = await raw_http.post(host, port, "/v1/completions",
+                                          {"model": "tiny", "prompt": "late", "max_tokens": 4})
+            health = await raw_http.post(host, port, "/healthz", b"", method="GET")
+            results = await asyncio.gather(*tasks)
+            return ready, refused, health, results
+
+        ready, refused, health, results = asyncio.run(go())
+        assert ready.status == 503 and json.loads(ready.body)["status"] == "draining"
+        assert refused.status == 503 and json.loads(refused.body)["error"]["code"] == "draining"
+        assert health.status == 200  # alive while draining: liveness must not kill a draining pod
+        for r in results:
+            assert r.status == 200 and r.done
+            assert r.events[-1]["choices"][0]["finish_reason"] == "length"
+            assert r.events[-1]["usage"]["completion_tokens"] == MAX_TOKENS
+        assert server.proc.wait(timeout=30) == 0
+        assert "draining" in server.log()
