@@ -8,8 +8,8 @@ import threading
 import pytest
 from flotilla_server.admission import AdmissionQueue, ClientGone, QueueFull, QueueTimeout
 from flotilla_server.config import EngineConfig
-from flotilla_server.engine_factory import ServerEngine
 from flotilla_server.engine_core import EngineCore
+from flotilla_server.engine_factory import ServerEngine
 from flotilla_server.sampling_params import SamplingParams
 
 LONG = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
