@@ -5,8 +5,8 @@ step's layout (slot of each new token, block indices to gather, masks) is comput
 `AttentionBatch.build` and shared by every layer, so a layer only does tensor work:
 
 - decode rows (one query each) are batched: one padded block gather + one
-  `scaled_dot_product_attention` for all of them, with the grouped query heads folded into the
-  query-length dimension (all heads of a group read the same keys);
+  `scaled_dot_product_attention` per group of rows of similar length (`group_decode_rows`), with the
+  grouped query heads folded into the query-length dimension (all heads of a group read the same keys);
 - prefill chunks run one SDPA each; a chunk shorter than its keys uses a lower-right-aligned causal
   mask (query i sits at position `context_len - query_len + i` and sees keys up to there).
 """
@@ -32,12 +32,26 @@ class PrefillChunk:
 
 
 @dataclass(frozen=True)
-class DecodeRows:
-    token_start: int  # the decode rows are the step's last `num_seqs` tokens
+class DecodeGroup:
+    rows: torch.Tensor | None  # this group's decode rows (0 = the first decode row); None: all, in order
     num_seqs: int
     block_ids: torch.Tensor  # [num_seqs * max_blocks], each row padded with block 0
-    max_blocks: int
     mask: torch.Tensor  # [num_seqs, 1, 1, max_blocks * block_size] bool, True = attend
+
+
+def group_decode_rows(block_counts: Sequence[int], min_group: int = 8) -> list[list[int]]:
+    """Decode rows (indices into `block_counts`) in groups that share one padded gather, so that short
+    rows are not padded to the longest: longest first, a row opens a new group when it needs fewer
+    than half the blocks of its group's longest row and that group already holds `min_group` rows
+    (below that, another gather and SDPA cost more than the padding)."""
+    order = sorted(range(len(block_counts)), key=lambda i: -block_counts[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and (2 * block_counts[i] >= block_counts[groups[-1][0]] or len(groups[-1]) < min_group):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 @dataclass(frozen=True)
@@ -45,7 +59,8 @@ class AttentionBatch:
     slot_mapping: torch.Tensor  # [T] pool slot of each new token
     block_size: int
     prefills: tuple[PrefillChunk, ...]
-    decode: DecodeRows | None
+    decode_start: int  # decode rows are the step's tokens [decode_start, num_tokens)
+    decode_groups: tuple[DecodeGroup, ...]
     num_tokens: int
 
     @classmethod
@@ -92,32 +107,35 @@ class AttentionBatch:
             prefills.append(chunk)
             token_start += q
 
-        decode = None
+        decode_start = token_start
+        groups: list[DecodeGroup] = []
         if num_decode:
             d_ctx = context_lens[num_prefill:]
             d_tables = block_tables[num_prefill:]
-            max_blocks = -(-max(d_ctx) // block_size)
-            padded: list[int] = []
-            decode_slots = []
-            for c, table in zip(d_ctx, d_tables, strict=True):
-                n_blocks = -(-c // block_size)
-                padded.extend(table[:n_blocks])
-                padded.extend([0] * (max_blocks - n_blocks))
-                decode_slots.append(table[(c - 1) // block_size] * block_size + (c - 1) % block_size)
-            slots.append(decode_slots)
-            ctx = torch.tensor(d_ctx, dtype=torch.long)
-            mask = torch.arange(max_blocks * block_size).unsqueeze(0) < ctx.unsqueeze(1)
-            decode = DecodeRows(
-                token_start=token_start,
-                num_seqs=num_decode,
-                block_ids=torch.tensor(padded, dtype=torch.long, device=device),
-                max_blocks=max_blocks,
-                mask=mask.view(num_decode, 1, 1, -1).to(device),
-            )
+            slots.append([t[(c - 1) // block_size] * block_size + (c - 1) % block_size
+                          for c, t in zip(d_ctx, d_tables, strict=True)])
+            n_blocks = [-(-c // block_size) for c in d_ctx]
+            grouping = group_decode_rows(n_blocks)
+            if len(grouping) == 1:
+                grouping = [list(range(num_decode))]  # one group keeps step order: no row shuffling
+            for rows in grouping:
+                max_blocks = n_blocks[rows[0]] if len(grouping) > 1 else max(n_blocks)
+                padded: list[int] = []
+                for i in rows:
+                    padded.extend(d_tables[i][:n_blocks[i]])
+                    padded.extend([0] * (max_blocks - n_blocks[i]))
+                ctx = torch.tensor([d_ctx[i] for i in rows], dtype=torch.long)
+                mask = torch.arange(max_blocks * block_size).unsqueeze(0) < ctx.unsqueeze(1)
+                groups.append(DecodeGroup(
+                    rows=None if len(grouping) == 1 else torch.tensor(rows, dtype=torch.long, device=device),
+                    num_seqs=len(rows),
+                    block_ids=torch.tensor(padded, dtype=torch.long, device=device),
+                    mask=mask.view(len(rows), 1, 1, -1).to(device),
+                ))
             token_start += num_decode
 
         slot_mapping = torch.cat([torch.as_tensor(s, dtype=torch.long) for s in slots]).to(device)
-        return cls(slot_mapping, block_size, tuple(prefills), decode, token_start)
+        return cls(slot_mapping, block_size, tuple(prefills), decode_start, tuple(groups), token_start)
 
 
 def paged_attention(
@@ -134,8 +152,8 @@ def paged_attention(
     _, num_heads, head_dim = q.shape
     kv_heads = kv.k[layer].shape[1]
     group = num_heads // kv_heads
-    if not batch.prefills and batch.decode is not None:
-        return _decode(q, kv, layer, batch.decode, group, scale)
+    if not batch.prefills:
+        return _decode_rows(q, kv, layer, batch.decode_groups, group, scale)
 
     out = torch.empty_like(q)
     for p in batch.prefills:
@@ -154,16 +172,27 @@ def paged_attention(
             qs[None], ks[None], vs[None], attn_mask=p.mask, is_causal=p.mask is None, scale=scale
         )
         out[p.token_start:p.token_end] = o[0].transpose(0, 1)
-    if batch.decode is not None:
-        d = batch.decode
-        out[d.token_start:] = _decode(q[d.token_start:], kv, layer, d, group, scale)
+    if batch.decode_groups:
+        out[batch.decode_start:] = _decode_rows(q[batch.decode_start:], kv, layer, batch.decode_groups, group, scale)
+    return out
+
+
+def _decode_rows(
+    q: torch.Tensor, kv: KVCacheTensors, layer: int, groups: tuple[DecodeGroup, ...], group: int, scale: float
+) -> torch.Tensor:
+    """q: [D, heads, head_dim], the decode rows in step order. Returns [D, heads, head_dim]."""
+    if len(groups) == 1 and groups[0].rows is None:
+        return _decode(q, kv, layer, groups[0], group, scale)
+    out = torch.empty_like(q)
+    for g in groups:
+        out.index_copy_(0, g.rows, _decode(q.index_select(0, g.rows), kv, layer, g, group, scale))
     return out
 
 
 def _decode(
-    q: torch.Tensor, kv: KVCacheTensors, layer: int, d: DecodeRows, group: int, scale: float
+    q: torch.Tensor, kv: KVCacheTensors, layer: int, d: DecodeGroup, group: int, scale: float
 ) -> torch.Tensor:
-    """q: [D, heads, head_dim], one query per sequence. Returns [D, heads, head_dim]."""
+    """q: [n, heads, head_dim], one query per sequence of group `d`. Returns [n, heads, head_dim]."""
     num_seqs, num_heads, head_dim = q.shape
     kv_heads = num_heads // group
     # heads h = kv * group + g share kv head `kv`: fold g into the query-length dimension

@@ -6,7 +6,7 @@ import random
 
 import pytest
 import torch
-from flotilla_server.model.attention import AttentionBatch, paged_attention
+from flotilla_server.model.attention import AttentionBatch, group_decode_rows, paged_attention
 from flotilla_server.model.kv_tensors import KVCacheTensors
 
 
@@ -14,7 +14,26 @@ def test_slot_mapping_follows_the_block_tables():
     b = AttentionBatch.build([3, 1], [5, 18], [[7], [2, 4, 9]], block_size=8, device="cpu")
     # seq 0: positions 2..4 in block 7; seq 1: position 17 is offset 1 of its third block (9)
     assert b.slot_mapping.tolist() == [58, 59, 60, 9 * 8 + 1]
-    assert len(b.prefills) == 1 and b.decode is not None and b.decode.num_seqs == 1
+    assert len(b.prefills) == 1 and b.decode_start == 3 and len(b.decode_groups) == 1
+
+
+def test_decode_rows_group_by_length():
+    # longest first; a new group opens below half its longest row, once the group has min_group rows
+    assert group_decode_rows([10, 2, 9, 4, 1], min_group=1) == [[0, 2], [3, 1], [4]]
+    assert group_decode_rows([10, 2, 9, 4, 1], min_group=3) == [[0, 2, 3], [1, 4]]
+    assert group_decode_rows([5] * 20) == [list(range(20))]
+    assert group_decode_rows([]) == []
+
+
+@pytest.mark.parametrize("counts", [[3, 1, 7, 7, 2, 64, 33, 9, 1], list(range(1, 70)), [4] * 9])
+@pytest.mark.parametrize("min_group", [1, 8])
+def test_decode_groups_partition_the_rows_and_bound_padding(counts, min_group):
+    groups = group_decode_rows(counts, min_group)
+    assert sorted(i for g in groups for i in g) == list(range(len(counts)))
+    for g in groups:
+        longest = counts[g[0]]
+        assert all(counts[i] <= longest for i in g)
+        assert len(g) <= min_group or all(2 * counts[i] >= longest for i in g[min_group:])
 
 
 def test_a_short_block_table_is_refused():
@@ -35,13 +54,16 @@ def _dense_reference(q, k_seq, v_seq, context_len, query_len, scale):
 
 @pytest.mark.parametrize(("heads", "kv_heads"), [(4, 4), (4, 2), (8, 1)])
 @pytest.mark.parametrize("seed", range(4))
-def test_matches_dense_attention(heads, kv_heads, seed):
+@pytest.mark.parametrize("num_decode", [0, 5, 40])
+def test_matches_dense_attention(heads, kv_heads, seed, num_decode):
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
-    head_dim, block_size, num_blocks = 8, 4, 128
+    head_dim, block_size, num_blocks = 8, 4, 4096
     # (query_len, context_len): fresh prefills, continued chunks, then decodes of various lengths
     shapes = [(rng.randint(2, 9), 0) for _ in range(2)] + [(rng.randint(2, 6), rng.randint(1, 20))]
-    shapes = [(q, q + c) for q, c in shapes] + [(1, rng.randint(1, 30)) for _ in range(rng.randint(0, 5))]
+    if seed % 2 and num_decode:  # decodes only: the step without prefills
+        shapes = []
+    shapes = [(q, q + c) for q, c in shapes] + [(1, rng.randint(1, 200)) for _ in range(num_decode)]
     free = rng.sample(range(num_blocks), num_blocks)  # scattered, non-contiguous blocks
     tables = [[free.pop() for _ in range(-(-c // block_size))] for _, c in shapes]
     kv = KVCacheTensors(
