@@ -8,6 +8,7 @@ chunk, then ``[DONE]``: without a final event a clean end cannot be told from a 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 DONE = b"data: [DONE]\n\n"
@@ -66,3 +67,22 @@ def chat_response(request_id: str, created: int, model: str, text: str, finish_r
 
 def error_chunk(message: str, code: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
+
+
+_MARK = "\x00flotilla-text\x00"
+
+
+class DeltaEncoder:
+    """Encodes one request's mid-stream chunks fast: the text is spliced into a chunk pre-rendered once.
+
+    Byte-for-byte what ``sse_event(make_chunk(text))`` gives, without building and serializing a dict per
+    token (that cost is paid on the event loop, under the GIL the engine thread also needs).
+    """
+
+    def __init__(self, make_chunk: Callable[[str], dict[str, Any]]) -> None:
+        rendered = sse_event(make_chunk(_MARK))
+        mark = json.dumps(_MARK, ensure_ascii=False).encode()
+        self._head, self._tail = rendered.split(mark)
+
+    def __call__(self, text: str) -> bytes:
+        return self._head + json.dumps(text, ensure_ascii=False).encode() + self._tail

@@ -237,6 +237,11 @@ async def _sse_body(state: ServerState, job: Job, stream: Any, outcome: _Outcome
     timing = _Timing(state, arrival_s)
     model, created, rid = state.served_model_name, int(time.time()), job.request_id
 
+    if job.chat:
+        delta_chunk = sse.DeltaEncoder(lambda t: sse.chat_chunk(rid, created, model, {"content": t}))
+    else:
+        delta_chunk = sse.DeltaEncoder(lambda t: sse.completion_chunk(rid, created, model, t))
+
     def chunk(text: str, finish_reason: str | None = None, u: dict[str, int] | None = None) -> bytes:
         if job.chat:
             delta = {"content": text} if text or finish_reason is None else {}
@@ -263,8 +268,8 @@ async def _sse_body(state: ServerState, job: Job, stream: Any, outcome: _Outcome
                 yield sse.DONE
                 outcome.finish(200)
                 return
-            if event.text:
-                yield chunk(event.text)
+            if event.text or event.token_ids:  # one chunk per engine event, even while text is held back
+                yield delta_chunk(event.text)
         outcome.engine_done = True  # the stream ended without a finish event: report, never hang
         outcome.finish(500)
         yield sse.sse_event(sse.error_chunk("The engine ended the stream without a finish reason.", "engine_error"))

@@ -73,20 +73,22 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any], w: Wor
                 data = line[6:]
                 if data == "[DONE]":
                     break
-                event = json.loads(data)
-                if "error" in event:
-                    rec.status, rec.error = "stream_error", event["error"].get("message")
-                    return rec
                 now = time.monotonic()
-                choice = (event.get("choices") or [{}])[0]
-                text = choice.get("text") or (choice.get("delta") or {}).get("content")
-                if text:
-                    if rec.ttft_s is None:
-                        rec.ttft_s = now - start
-                    rec.chunk_times_s.append(now - t0)
-                    chunks += 1
-                if usage := event.get("usage"):
-                    rec.prompt_tokens, rec.output_tokens = usage["prompt_tokens"], usage["completion_tokens"]
+                if '"usage"' in data or '"error"' in data:  # only the last chunk (or an error) is parsed whole
+                    event = json.loads(data)
+                    if "error" in event:
+                        rec.status, rec.error = "stream_error", event["error"].get("message")
+                        return rec
+                    if usage := event.get("usage"):
+                        rec.prompt_tokens, rec.output_tokens = usage["prompt_tokens"], usage["completion_tokens"]
+                elif '"role":"assistant"' in data:
+                    continue  # a chat stream's opening chunk carries no token
+                # every other chunk is one engine event: token timing, even while the text is held back
+                # (incomplete UTF-8, a possible stop string)
+                if rec.ttft_s is None:
+                    rec.ttft_s = now - start
+                rec.chunk_times_s.append(now - t0)
+                chunks += 1
                 if w.cancel_after_chunks is not None and chunks >= w.cancel_after_chunks:
                     rec.status = "cancelled"
                     return rec  # leaving the block closes the connection: the server must cancel

@@ -1,9 +1,12 @@
-"""flotilla-bench online's figures, checked against hand-computed values."""
+"""flotilla-bench online's figures, checked against hand-computed values; the SSE chunk encoder."""
 
 from __future__ import annotations
 
 import pytest
 from flotilla_server.bench.online_stats import RequestRecord, summarize
+from flotilla_server.sse import DeltaEncoder, chat_chunk, completion_chunk, sse_event
+from hypothesis import given
+from hypothesis import strategies as st
 
 
 def _rec(status="200", ttft=0.1, e2e=1.0, out=10, prompt=5, chunks=(0.1, 0.2, 0.4)):
@@ -37,3 +40,11 @@ def test_goodput_counts_only_requests_meeting_every_slo():
 def test_empty_run_has_no_percentiles():
     s = summarize([], duration_s=1.0)
     assert s["ttft_ms"]["p99"] is None and s["completed"] == 0
+
+
+@given(st.text())
+def test_delta_encoder_matches_the_plain_encoding(text):
+    make = lambda t: completion_chunk("cmpl-1", 5, "tiny", t)  # noqa: E731
+    assert DeltaEncoder(make)(text) == sse_event(make(text))
+    chat = lambda t: chat_chunk("c-1", 5, "tiny", {"content": t})  # noqa: E731
+    assert DeltaEncoder(chat)(text) == sse_event(chat(text))
