@@ -1,0 +1,37 @@
+"""flotilla-bench online end to end against a real server: Poisson arrivals, cancellations, JSON and PNG."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from flotilla_server.bench.cli import main as bench_main
+
+
+def test_online_bench_poisson_with_cancellations(server, tmp_path):
+    gone_before = server.metric("flotilla_rejections_total", reason="client_gone")
+    out_json, out_png = tmp_path / "run.json", tmp_path / "run.png"
+    code = bench_main(["online", "--base-url", server.base_url, "--num-requests", "24", "--request-rate", "40",
+                       "--concurrency", "16", "--output-len-min", "16", "--output-len-max", "48",
+                       "--cancel-share", "0.25", "--slo-ttft-ms", "60000", "--slo-tpot-ms", "60000",
+                       "--endpoint", "chat", "--json", str(out_json), "--plot", str(out_png), "--no-progress"])
+    assert code == 0
+    report = json.loads(out_json.read_text())
+    s = report["summary"]
+    counts = s["status_counts"]
+    assert counts.get("cancelled", 0) >= 2 and counts.get("200", 0) + counts.get("cancelled", 0) == 24, counts
+    assert s["completed"] == counts["200"] and s["output_token_throughput_per_s"] > 0
+    assert s["goodput_requests_per_s"] == s["request_throughput_per_s"]  # SLOs every request meets
+    assert s["ttft_ms"]["p50"] is not None and s["itl_ms"]["p99"] >= s["itl_ms"]["p50"]
+    assert len(report["requests"]) == 24
+    assert out_png.stat().st_size > 10_000
+    # the cancelled requests reached the server as client departures
+    deadline = time.monotonic() + 10
+    while server.metric("flotilla_rejections_total", reason="client_gone") - gone_before < counts["cancelled"]:
+        assert time.monotonic() < deadline, "the bench's cancellations were not seen as client departures"
+        time.sleep(0.1)
+
+
+def test_online_bench_explains_bad_arguments(capsys):
+    assert bench_main(["online", "--cancel-share", "2"]) == 2
+    assert "--cancel-share must be in [0, 1]" in capsys.readouterr().err
