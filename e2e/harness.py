@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -108,15 +109,18 @@ class Loop:
                     return last
             time.sleep(interval_s)
         raise AssertionError(f"{what}: not within {timeout_s}s (last: {last!r}); runner errors: "
-                             f"{self.runner.errors[-3:]}\noperator log tail:\n{self.operator_log()[-2500:]}")
+                             f"{self.runner.errors[-3:]}\n{self.runner.describe()}\n"
+                             f"operator log tail:\n{self.operator_log()[-2500:]}")
 
 
 @dataclass
 class Sample:
     t_s: float  # time.monotonic()
+    epoch_s: float  # time.time(), comparable with times in status
     replicas: int  # .spec.replicas
     ready: int
     phase: str | None
+    recommendations: tuple[tuple[str, int], ...]  # status.autoscaler.recommendations as (time, replicas)
 
 
 @dataclass
@@ -148,15 +152,27 @@ class Recorder:
                     if r.status_code == 200:
                         obj = r.json()
                         status = obj.get("status") or {}
-                        self.samples.append(Sample(time.monotonic(), int(obj["spec"]["replicas"]),
-                                                   int(status.get("readyReplicas") or 0), status.get("phase")))
+                        recommendations = tuple((r["time"], int(r["replicas"])) for r in
+                                                (status.get("autoscaler") or {}).get("recommendations") or [])
+                        self.samples.append(Sample(time.monotonic(), time.time(), int(obj["spec"]["replicas"]),
+                                                   int(status.get("readyReplicas") or 0), status.get("phase"),
+                                                   recommendations))
                 self._stop.wait(self.interval_s)
 
     def between(self, start_s: float, end_s: float) -> list[int]:
         return [s.replicas for s in self.samples if start_s <= s.t_s <= end_s]
 
+    def recommendations(self) -> list[tuple[float, int]]:
+        """Every recommendation seen in status over the recording, as (epoch seconds, replicas)."""
+        seen = {r for sample in self.samples for r in sample.recommendations}
+        return sorted((epoch(t), n) for t, n in seen)
+
     def first(self, predicate: Callable[[Sample], bool], after_s: float = 0.0) -> Sample | None:
         return next((s for s in self.samples if s.t_s >= after_s and predicate(s)), None)
+
+
+def epoch(rfc3339: str) -> float:
+    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
 
 
 def monotone(values: list[int], rising: bool) -> bool:

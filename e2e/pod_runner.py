@@ -133,6 +133,7 @@ class PodRunner:
         self._pod_calls: list[tuple[str, str, Any]] = []  # API writes for Pods, sent outside the lock
         self.starts: dict[str, int] = {}  # deployment -> processes started (for assertions)
         self.errors: list[str] = []
+        self.last_sync_s = time.monotonic()
 
     # --- public ----------------------------------------------------------------------------------
     def start(self) -> PodRunner:
@@ -170,6 +171,18 @@ class PodRunner:
         with self._lock:
             return [r.url for r in self._replicas.get(deployment, []) if r.ready and r.stop_at_s is None]
 
+    def describe(self) -> str:
+        """Every replica's state and the loop's heartbeat, for failure messages."""
+        with self._lock:
+            live = [r for rs in self._replicas.values() for r in rs] + self._terminating
+        now = time.monotonic()
+        lines = [f"pod runner: last sync {now - self.last_sync_s:.1f}s ago, {len(self.errors)} errors"]
+        for r in live:
+            state = "terminating" if r in self._terminating else ("ready" if r.ready else "starting")
+            lines.append(f"  {r.name} pid={r.process.pid} exit={r.process.poll()} {state} age={now - r.started_s:.0f}s "
+                         f"log: {self._tail(r, 2)[-300:]!r}")
+        return "\n".join(lines)
+
     def processes(self, deployment: str) -> int:
         """Live server processes of `deployment`, terminating ones included."""
         with self._lock:
@@ -181,6 +194,7 @@ class PodRunner:
         while not self._stop.is_set():
             try:
                 self._sync()
+                self.last_sync_s = time.monotonic()
             except Exception as error:  # the runner must outlive API hiccups; tests read .errors
                 self.errors.append(repr(error))
                 log.exception("pod runner sync failed")

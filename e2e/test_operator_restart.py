@@ -10,18 +10,13 @@ restart.
 from __future__ import annotations
 
 import time
-from datetime import datetime
 
 from e2e.conftest import AUTOSCALE_INTERVAL_S
-from e2e.harness import Loop, inference_model
+from e2e.harness import Loop, epoch, inference_model
 
 NAME = "restart"
 WINDOW_S = 20  # scaleDownStabilizationSeconds
 RESTART_AT_S = 6  # into the window
-
-
-def epoch(rfc3339: str) -> float:
-    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
 
 
 def test_restart_mid_window_keeps_the_window(loop: Loop) -> None:
