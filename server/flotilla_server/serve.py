@@ -78,7 +78,7 @@ def serve(settings: ServerSettings) -> int:
     )
     app = create_app(state, settings.max_body_bytes)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            timeout_graceful_shutdown=5, access_log=False, http=BoundedH11Protocol)
+                            timeout_graceful_shutdown=1, access_log=False, http=BoundedH11Protocol)
     server = DrainingServer(config, state, settings.drain_timeout_s)
     if loaded.is_demonstration:
         print(f"NOTE: {loaded.description}", flush=True)

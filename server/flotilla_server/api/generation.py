@@ -228,7 +228,7 @@ async def _json_body(request: Request, state: ServerState, job: Job, stream: Any
     u = sse.usage(last.num_prompt_tokens, last.num_output_tokens)
     text = "".join(parts)
     shape = sse.chat_response if job.chat else sse.completion_response
-    return JSONResponse(shape(job.request_id, state.created_s, state.served_model_name, text,
+    return JSONResponse(shape(job.request_id, int(time.time()), state.served_model_name, text,
                               last.finish_reason, u))
 
 
