@@ -23,6 +23,8 @@ from flotilla_server.state import ServerState
 
 log = logging.getLogger("flotilla.server")
 
+_CUT_OFF_FLUSH_S = 0.5  # after a drain timeout, time for cut-off streams to send their last chunk
+
 
 class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, state: ServerState, drain_timeout_s: float) -> None:
@@ -50,6 +52,9 @@ class DrainingServer(uvicorn.Server):
         self.drained_cleanly = await self._state.wait_idle(self._drain_timeout_s)
         if not self.drained_cleanly:
             log.warning("drain timeout: %d request(s) still in flight are cut off", self._state.in_flight)
+            for request_id in list(self._state.live):  # their streams end with an error chunk, then [DONE]
+                self._state.engine.abort(request_id, "drain_timeout")
+            await self._state.wait_idle(_CUT_OFF_FLUSH_S)
         self.should_exit = True
 
 

@@ -185,6 +185,9 @@ class _Timing:
 
 
 def _abort_message(reason: str | None) -> tuple[str, str]:
+    if reason == "drain_timeout":
+        return ("The server shut down before this request finished (--drain-timeout-s passed): "
+                "retry against another replica."), "draining"
     if reason == "slow_client":
         return ("The client read the stream too slowly and its buffer filled: the request was cancelled. "
                 "Read the stream as it arrives."), "slow_client"
@@ -256,7 +259,7 @@ async def _sse_body(state: ServerState, job: Job, stream: Any, outcome: _Outcome
             if event.finish_reason == "abort":
                 outcome.engine_done = True
                 message, code = _abort_message(event.abort_reason)
-                outcome.finish(CLIENT_GONE if code == "slow_client" else 500)
+                outcome.finish({"slow_client": CLIENT_GONE, "draining": 503}.get(code, 500))
                 yield sse.sse_event(sse.error_chunk(message, code))
                 yield sse.DONE
                 return

@@ -55,3 +55,24 @@ def test_sigterm_drains_in_flight_streams(tmp_path):
             assert r.events[-1]["usage"]["completion_tokens"] == MAX_TOKENS
         assert server.proc.wait(timeout=30) == 0
         assert "draining" in server.log()
+
+
+def test_drain_timeout_cuts_off_with_an_error_chunk_and_exits_0(tmp_path):
+    with run_server("--max-model-len", "2048", "--drain-timeout-s", "1", tmp_path=tmp_path) as server:
+        url = urlparse(server.base_url)
+        host, port = url.hostname, url.port
+
+        async def go():
+            body = {"model": "tiny", "prompt": "a long one", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+            reader, writer = await raw_http.connect(host, port)
+            writer.write(raw_http.request_bytes(host, port, "/v1/completions", body))
+            resp = await raw_http.read_head(reader, time.monotonic())
+            server.proc.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            await raw_http.read_rest(reader, resp)
+            return resp, time.monotonic() - signalled
+
+        resp, cut_after_s = asyncio.run(go())
+        assert resp.done and resp.events[-1]["error"]["code"] == "draining"
+        assert 0.9 < cut_after_s < 5
+        assert server.proc.wait(timeout=10) == 0
