@@ -262,7 +262,7 @@ class PodRunner:
         with open(log_path, "wb") as out:
             process = subprocess.Popen(
                 argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **env},
+                env={**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **env},
             )
         self.starts[deployment] = self.starts.get(deployment, 0) + 1
         log.info("started %s on port %d: %s", name, port, " ".join(argv))
