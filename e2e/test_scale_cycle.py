@@ -43,6 +43,9 @@ def test_scale_out_under_load_and_back_after_the_window(loop: Loop) -> None:
             down_s, down_epoch_s = time.monotonic(), time.time()
             loop.wait(lambda: loop.runner.processes(NAME) == 1, 30, "surplus servers stopped")
 
+        print(f"queue -> >=3 replicas {scaled_s - queue_seen_s:.1f}s; load stop -> 1 replica {down_s - stopped_s:.1f}s; "
+              f"max {max(s.replicas for s in recorder.samples)} replicas; {report.completed} completed, "
+              f"{report.rejected_429} x 429, {len(report.errors)} errors")
         assert scaled_s - queue_seen_s <= 3 * AUTOSCALE_INTERVAL_S + 1
         assert monotone(recorder.between(0, stopped_s), rising=True), recorder.between(0, stopped_s)
         assert monotone(recorder.between(stopped_s, down_s + 1), rising=False), recorder.between(stopped_s, down_s)
