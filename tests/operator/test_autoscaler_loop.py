@@ -13,13 +13,13 @@ from pathlib import Path
 import kopf
 import pytest
 import yaml
-from flotilla_operator import metrics, types
+from flotilla_operator import types
 from flotilla_operator.handlers.autoscale import autoscale_once
 from flotilla_operator.kube import KubeClient
 from flotilla_operator.prometheus import RUNNING, SLOTS, WAITING, PrometheusClient
 from flotilla_operator.reconciler import Context
 from flotilla_operator.settings import OperatorSettings
-from prometheus_client import CollectorRegistry, Gauge, start_http_server
+from prometheus_client import REGISTRY, CollectorRegistry, Gauge, start_http_server
 
 from tests.support.k8s_emulator import serve
 from tests.support.prometheus import RealPrometheus, Target, free_port
@@ -97,6 +97,11 @@ async def tick(k8s, prom_url: str, now_s: float) -> dict:
     return k8s.get(types.API_VERSION, types.PLURAL, NAME, NS)
 
 
+def sample(name: str, labels: dict[str, str]) -> float:
+    """The operator's own metric, as its /metrics would show it."""
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 def condition(obj: dict) -> dict:
     return next(c for c in obj["status"]["conditions"] if c["type"] == "ScalingActive")
 
@@ -112,16 +117,16 @@ async def test_queue_scales_up_through_the_scale_subresource_and_records(fresh) 
     replica.gauges[RUNNING].set(2)
     replica.gauges[WAITING].set(10)  # D = 12, T = 2 + 2 = 4: three replicas
     settle(prom, 10)
-    before = metrics.AUTOSCALER_DECISIONS.labels(namespace=NS, model=NAME, direction="up", reason="ScaleUp")._value.get()
+    decisions = {"namespace": NS, "model": NAME, "direction": "up", "reason": "ScaleUp"}
+    before = sample("flotilla_operator_autoscaler_decisions_total", decisions)
     obj = await tick(k8s, prom.url, time.time())
     assert obj["spec"]["replicas"] == 3
     auto = obj["status"]["autoscaler"]
     assert auto["lastReason"] == "ScaleUp" and "Q=10" in auto["lastDecision"] and auto["queueDepth"] == 10
     assert auto["lastScaleTime"] and [r["replicas"] for r in auto["recommendations"]] == [1, 3]
     assert condition(obj)["status"] == "True"
-    assert metrics.AUTOSCALER_DECISIONS.labels(namespace=NS, model=NAME, direction="up",
-                                               reason="ScaleUp")._value.get() == before + 1
-    assert metrics.DESIRED_REPLICAS.labels(namespace=NS, model=NAME)._value.get() == 3
+    assert sample("flotilla_operator_autoscaler_decisions_total", decisions) == before + 1
+    assert sample("flotilla_operator_desired_replicas", {"namespace": NS, "model": NAME}) == 3
     events = [e for e in k8s.list("v1", "events", NS) if e["involvedObject"]["uid"] == obj["metadata"]["uid"]]
     assert [e["reason"] for e in events] == ["ScaleUp"] and "1 -> 3" in events[0]["message"]
 
@@ -160,11 +165,12 @@ async def test_prometheus_outage_holds_and_reports(fresh) -> None:
     await tick(k8s, prom.url, t0)
     prom.stop()
     try:
-        failures = metrics.PROMETHEUS_QUERY_FAILURES.labels(reason="unreachable")._value.get()
+        unreachable = {"reason": "unreachable"}
+        failures = sample("flotilla_operator_prometheus_query_failures_total", unreachable)
         obj = await tick(k8s, prom.url, t0 + 3600)  # long after any window: still no scale-down
         assert obj["spec"]["replicas"] == 2
         assert (condition(obj)["status"], condition(obj)["reason"]) == ("False", "MetricsUnavailable")
-        assert metrics.PROMETHEUS_QUERY_FAILURES.labels(reason="unreachable")._value.get() == failures + 1
+        assert sample("flotilla_operator_prometheus_query_failures_total", unreachable) == failures + 1
         events = k8s.list("v1", "events", NS)
         assert any(e.get("reason") == "MetricsUnavailable" and e.get("type") == "Warning" for e in events)
     finally:
