@@ -62,9 +62,11 @@ class Tokenizer:
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
         if (path / "chat_template.jinja").is_file():
             template = (path / "chat_template.jinja").read_text()
+        # absent tokens stay undefined in the template (as in transformers), not the string "None"
         special = {
-            key: _token_text(config.get(key))
+            key: text
             for key in ("bos_token", "eos_token", "unk_token", "pad_token")
+            if (text := _token_text(config.get(key))) is not None
         }
         eos = set(extra_eos_token_ids)
         eos.update(token_ids(_read_json(path / "generation_config.json").get("eos_token_id")))

@@ -105,3 +105,9 @@ def test_eos_ids_gather_generation_config_config_and_tokenizer(tok_dir):
 def test_missing_tokenizer_json_says_what_to_do(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"tokenizer\.json not found"):
         Tokenizer.from_dir(tmp_path)
+
+
+def test_absent_special_tokens_render_empty_like_transformers(tmp_path):
+    write_tokenizer_files(tmp_path)
+    (tmp_path / "chat_template.jinja").write_text("[{{ pad_token }}|{{ eos_token }}]")
+    assert Tokenizer.from_dir(tmp_path).apply_chat_template(CONVERSATIONS[0]) == "[|</s>]"
