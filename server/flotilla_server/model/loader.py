@@ -80,6 +80,8 @@ def _read_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
         with index.open() as f:
             shards = sorted(set(json.load(f)["weight_map"].values()))
         files = [path / s for s in shards]
+    elif (path / "model.safetensors").is_file():
+        files = [path / "model.safetensors"]  # beside it may lie other formats (Mistral's consolidated.*)
     else:
         files = sorted(path.glob("*.safetensors"))
     if not files:

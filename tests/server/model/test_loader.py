@@ -107,3 +107,12 @@ def test_no_weights_is_refused(hf_model_dir, tmp_path):
         f.unlink()
     with pytest.raises(FileNotFoundError, match=r"no \*\.safetensors"):
         load_model(str(path), "float32", "cpu")
+
+
+def test_other_safetensors_beside_model_safetensors_are_ignored(hf_model_dir, tmp_path):
+    from safetensors.torch import save_file
+
+    path = _copy_model(hf_model_dir, "llama-gqa", tmp_path / "m")
+    assert (path / "model.safetensors").is_file()
+    save_file({"tok_embeddings.weight": torch.zeros(2, 2)}, str(path / "consolidated.safetensors"))
+    assert load_model(str(path), "float32", "cpu").config.model_type == "llama"
