@@ -39,6 +39,6 @@ def create_app(state: ServerState, max_body_bytes: int) -> FastAPI:
     app.state.flotilla = state
     install_error_handlers(app)
     include_routers(app)
-    app.add_middleware(BodyGuard, max_body_bytes=max_body_bytes)
+    app.add_middleware(BodyGuard, max_body_bytes=max_body_bytes, on_refuse=state.metrics.count_request)
     app.add_middleware(LoadShedder, state=state)  # added last: runs first
     return app

@@ -8,6 +8,7 @@ to send. Accepted bodies are replayed unchanged to the application.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -18,9 +19,11 @@ _DISCARD_FACTOR = 16  # beyond this many limits of excess, stop reading and just
 
 
 class BodyGuard:
-    def __init__(self, app: ASGIApp, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+    def __init__(self, app: ASGIApp, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 on_refuse: Callable[[int], None] | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.on_refuse = on_refuse  # told the status of every refusal (metrics)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -94,8 +97,9 @@ class BodyGuard:
             return f"Request body must be a JSON object, not a {type(value).__name__}: wrap the fields in {{...}}."
         return None
 
-    @staticmethod
-    async def _refuse(send: Send, status: int, message: str) -> None:
+    async def _refuse(self, send: Send, status: int, message: str) -> None:
+        if self.on_refuse is not None:
+            self.on_refuse(status)
         payload = json.dumps(error_body(status, message)).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),

@@ -31,8 +31,10 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: dict[str, str] | None = None,
+        counted: bool = False,
     ) -> None:
         super().__init__(message)
+        self.counted = counted  # the status code is already in flotilla_requests_total
         self.status = status
         self.message = message
         self.param = param
@@ -70,18 +72,30 @@ def describe_validation_error(errors: list[dict[str, Any]]) -> tuple[str, str | 
     return "Invalid request: " + "; ".join(parts) + ". Fix these fields and retry.", first_param
 
 
+def _count(request: Request, status: int) -> None:
+    state = getattr(request.app.state, "flotilla", None)
+    if state is not None:
+        state.metrics.count_request(status)
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    """Render every client-caused error OpenAI-style, and count its status in flotilla_requests_total."""
+
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+    async def _api_error(request: Request, exc: APIError) -> JSONResponse:
+        if not exc.counted:
+            _count(request, exc.status)
         return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = describe_validation_error(list(exc.errors()))
+        _count(request, 400)
         return JSONResponse(error_body(400, message, param), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        _count(request, exc.status_code)
         if exc.status_code == 404:
             message = f"No route {request.url.path}: see /docs for the endpoints (e.g. POST /v1/chat/completions)."
         elif exc.status_code == 405:

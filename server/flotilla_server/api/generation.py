@@ -103,16 +103,15 @@ class _Outcome:
 
 
 async def admit(request: Request, state: ServerState, job: Job) -> tuple[Any, float]:
-    """The door: returns the engine stream and the queue wait, or raises APIError (counted)."""
+    """The door: returns the engine stream and the queue wait, or raises APIError (its rejection reason counted
+    here, its status code by the error handler)."""
     m = state.metrics
     if state.draining:
-        m.count_request(503)
         m.count_rejection("draining")
         raise APIError(503, DRAINING_MESSAGE,
                        code="draining", headers={"Retry-After": "1", "Connection": "close"})
     why = state.engine.check_feasible(len(job.prompt_token_ids), job.params.max_tokens)
     if why is not None:
-        m.count_request(400)
         m.count_rejection("infeasible")
         raise APIError(400, f"This request can never fit: {why}. Shorten the prompt or lower max_tokens.",
                        param="max_tokens", code="context_length_exceeded")
@@ -123,18 +122,15 @@ async def admit(request: Request, state: ServerState, job: Job) -> tuple[Any, fl
                                            lambda: wait_for_disconnect(request),
                                            on_queued=ticket.release if ticket is not None else None)
     except QueueFull:
-        m.count_request(429)
         m.count_rejection("queue_full")
         raise APIError(429, queue_full_message(state.admission.depth, int(retry["Retry-After"])),
                        code="queue_full", headers=retry) from None
     except QueueTimeout:
-        m.count_request(429)
         m.count_rejection("queue_timeout")
         raise APIError(429, f"The request waited longer than {state.admission.queue_timeout_s:g} s for a slot: "
                             f"retry after {retry['Retry-After']} s or send to another replica.",
                        code="queue_timeout", headers=retry) from None
     except ClientGone:
-        m.count_request(CLIENT_GONE)
         m.count_rejection("client_gone")
         raise APIError(CLIENT_GONE, "Client closed the request.", code="client_gone") from None
 
@@ -226,7 +222,7 @@ async def _json_body(request: Request, state: ServerState, job: Job, stream: Any
     if last is None or last.finish_reason is None or last.finish_reason == "abort":
         message, code = _abort_message(getattr(last, "abort_reason", None))
         outcome.finish(500, None)
-        raise APIError(500, message, code=code)
+        raise APIError(500, message, code=code, counted=True)
     outcome.finish(200)
     u = sse.usage(last.num_prompt_tokens, last.num_output_tokens)
     text = "".join(parts)

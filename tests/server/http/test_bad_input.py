@@ -61,4 +61,6 @@ def test_still_serving_after_the_bad_inputs(server):
     r = httpx.post(f"{server.base_url}/v1/completions", json=OK, timeout=30)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
     assert server.metric("flotilla_requests_total", code="500") == 0
+    for code, at_least in {"400": 19, "404": 2, "405": 1, "413": 1}.items():  # every refusal is counted
+        assert server.metric("flotilla_requests_total", code=code) >= at_least, code
     assert "Traceback" not in server.log()
