@@ -39,19 +39,13 @@ class DecodeGroup:
     mask: torch.Tensor  # [num_seqs, 1, 1, max_blocks * block_size] bool, True = attend
 
 
-def group_decode_rows(block_counts: Sequence[int], min_group: int = 8) -> list[list[int]]:
-    """Decode rows (indices into `block_counts`) in groups that share one padded gather, so that short
-    rows are not padded to the longest: longest first, a row opens a new group when it needs fewer
-    than half the blocks of its group's longest row and that group already holds `min_group` rows
-    (below that, another gather and SDPA cost more than the padding)."""
+def group_decode_rows(block_counts: Sequence[int], rows_per_group: int = 8) -> list[list[int]]:
+    """Decode rows (indices into `block_counts`), longest first, in groups of `rows_per_group` that each
+    share one padded gather and one SDPA. A group pads only to its own longest row, and its gathered
+    K/V stay small enough to be read back from cache. At batch 64 on 2 Xeon cores, groups of 8 made
+    decode steps 1.1-1.5x faster than one group (tiny and a 100M Llama, contexts 16-1024)."""
     order = sorted(range(len(block_counts)), key=lambda i: -block_counts[i])
-    groups: list[list[int]] = []
-    for i in order:
-        if groups and (2 * block_counts[i] >= block_counts[groups[-1][0]] or len(groups[-1]) < min_group):
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
+    return [order[i:i + rows_per_group] for i in range(0, len(order), rows_per_group)]
 
 
 @dataclass(frozen=True)

@@ -18,22 +18,19 @@ def test_slot_mapping_follows_the_block_tables():
 
 
 def test_decode_rows_group_by_length():
-    # longest first; a new group opens below half its longest row, once the group has min_group rows
-    assert group_decode_rows([10, 2, 9, 4, 1], min_group=1) == [[0, 2], [3, 1], [4]]
-    assert group_decode_rows([10, 2, 9, 4, 1], min_group=3) == [[0, 2, 3], [1, 4]]
-    assert group_decode_rows([5] * 20) == [list(range(20))]
+    assert group_decode_rows([10, 2, 9, 4, 1], rows_per_group=2) == [[0, 2], [3, 1], [4]]
+    assert group_decode_rows([5] * 3) == [[0, 1, 2]]
     assert group_decode_rows([]) == []
 
 
 @pytest.mark.parametrize("counts", [[3, 1, 7, 7, 2, 64, 33, 9, 1], list(range(1, 70)), [4] * 9])
-@pytest.mark.parametrize("min_group", [1, 8])
-def test_decode_groups_partition_the_rows_and_bound_padding(counts, min_group):
-    groups = group_decode_rows(counts, min_group)
+@pytest.mark.parametrize("rows_per_group", [1, 8])
+def test_decode_groups_partition_the_rows_longest_first(counts, rows_per_group):
+    groups = group_decode_rows(counts, rows_per_group)
     assert sorted(i for g in groups for i in g) == list(range(len(counts)))
-    for g in groups:
-        longest = counts[g[0]]
-        assert all(counts[i] <= longest for i in g)
-        assert len(g) <= min_group or all(2 * counts[i] >= longest for i in g[min_group:])
+    assert all(len(g) <= rows_per_group for g in groups)
+    flat = [counts[i] for g in groups for i in g]
+    assert flat == sorted(flat, reverse=True)  # each group's first row is its longest
 
 
 def test_a_short_block_table_is_refused():
