@@ -109,7 +109,9 @@ class AttentionBatch:
             slots.append([t[(c - 1) // block_size] * block_size + (c - 1) % block_size
                           for c, t in zip(d_ctx, d_tables, strict=True)])
             n_blocks = [-(-c // block_size) for c in d_ctx]
-            grouping = group_decode_rows(n_blocks)
+            # groups help CPU caches; on a GPU, extra kernel launches would cost more than padding
+            on_cpu = torch.device(device).type == "cpu"
+            grouping = group_decode_rows(n_blocks) if on_cpu else [list(range(num_decode))]
             if len(grouping) == 1:
                 grouping = [list(range(num_decode))]  # one group keeps step order: no row shuffling
             for rows in grouping:
