@@ -70,7 +70,8 @@ def test_slow_reader_is_cut_off_without_slowing_others(slow_server):
     assert m[("flotilla_rejections_total", (("reason", "slow_client"),))] == 1
     # its blocks are free although its connection was still open
     assert m[("flotilla_kv_blocks_used", ())] == 0 and m[("flotilla_requests_running", ())] == 0
-    assert m[("flotilla_generation_tokens_total", ())] < 3 * FAST_CLIENTS * FAST_TOKENS + SLOW_TOKENS
+    slow_generated = m[("flotilla_generation_tokens_total", ())] - 4 * FAST_CLIENTS * FAST_TOKENS  # 4 fast rounds
+    assert 0 < slow_generated < SLOW_TOKENS, "the stalled reader's request ran to the end"
     # on a shared machine one run's p99 is mostly noise (3.5-64 ms for the same run), so compare the better of
     # two runs beside the stalled reader with the worse of a run before and a run after it; a stalled reader
     # that slowed the batch would slow both runs and still fail
