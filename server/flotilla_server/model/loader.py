@@ -66,8 +66,8 @@ def load_model(model: str, dtype: str = "float32", device: str = "cpu") -> Loade
     tokenizer = Tokenizer.from_dir(path, extra_eos_token_ids=config.eos_token_ids)
 
     with torch.device("meta"):
-        net = DecoderModel(config)
-    net = net.to_empty(device=device).to(torch_type)
+        net = DecoderModel(config).to(torch_type)  # dtype on meta first: memory is taken once, in the final dtype
+    net = net.to_empty(device=device)
     net.load_hf_state_dict(_read_tensors(path))
     log.info("loaded %s (%s, %d layers) as %s on %s", path, config.model_type, config.num_layers, dtype, device)
     return LoadedModel(net.eval(), tokenizer, config, path.name, f"{config.model_type} model from {path}")
