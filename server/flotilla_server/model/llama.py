@@ -18,7 +18,7 @@ from torch import nn
 from .attention import AttentionBatch, paged_attention
 from .config import ModelConfig
 from .kv_tensors import KVCacheTensors
-from .rope import rope_cos_sin_table
+from .rope import inverse_frequencies, rope_cos_sin
 
 
 class RMSNorm(nn.Module):
@@ -104,14 +104,14 @@ class DecoderModel(nn.Module):
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(
             config.hidden_size, config.vocab_size, bias=False
         )
-        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None  # built lazily on the weights' device
+        self._inv_freq: torch.Tensor | None = None  # float32, moved lazily to the weights' device
 
-    def _rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
-        w = self.embed_tokens.weight
-        if self._rope is None or self._rope[0].device != w.device or self._rope[0].dtype != w.dtype:
-            cos, sin = rope_cos_sin_table(self.config, device=w.device)
-            self._rope = (cos.to(w.dtype), sin.to(w.dtype))
-        return self._rope
+    def _inverse_frequencies(self) -> torch.Tensor:
+        device = self.embed_tokens.weight.device
+        if self._inv_freq is None or self._inv_freq.device != device:
+            cfg = self.config
+            self._inv_freq = inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
+        return self._inv_freq
 
     def forward(
         self,
@@ -122,9 +122,8 @@ class DecoderModel(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions: [T] for the step's flat tokens. Returns the final-norm hidden states
         [T, hidden]; pick the rows to sample and pass them to `compute_logits`."""
-        cos_table, sin_table = self._rope_tables()
-        cos = cos_table[positions].unsqueeze(1)  # [T, 1, head_dim], broadcast over heads
-        sin = sin_table[positions].unsqueeze(1)
+        cos, sin = rope_cos_sin(positions, self._inverse_frequencies(), self.embed_tokens.weight.dtype)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, head_dim], broadcast over heads
         h = self.embed_tokens(input_ids)
         for i, layer in enumerate(self.layers):
             h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, batch, kv, i)

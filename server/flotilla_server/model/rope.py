@@ -1,7 +1,8 @@
-"""Rotary position embedding tables, including Llama 3's frequency scaling.
+"""Rotary position embeddings, including Llama 3's frequency scaling.
 
-The tables are computed in float32 with the same operations as transformers, so that positions map
-to bit-identical cos/sin values; the model indexes them by position each step.
+cos/sin are computed per step for the step's positions, in float32 with the same operations as
+transformers (bit-identical values), then cast to the model dtype. Per step this costs a few small
+ops, and no table bounds the positions or takes memory for a 128K context.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import math
 
 import torch
 
-from .config import ModelConfig, RopeScaling
+from .config import RopeScaling
 
 
 def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:
@@ -32,10 +33,10 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None
     return torch.where(is_medium, smoothed, scaled)
 
 
-def rope_cos_sin_table(config: ModelConfig, device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin, each [max_position_embeddings, head_dim] float32."""
-    inv_freq = inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
-    positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
-    freqs = positions[:, None] * inv_freq[None, :]
+def rope_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, each [T, head_dim] in `dtype`, for positions [T]."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(device), emb.sin().to(device)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
