@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from flotilla_server.bench.cli import main
 
 
@@ -26,3 +27,21 @@ def test_offline_quick_smoke(tmp_path, capsys) -> None:
 def test_offline_refuses_an_unknown_workload_size(capsys) -> None:
     assert main(["offline", "--quick", "--workload", "llama-100m"]) == 2
     assert "not part of --quick" in capsys.readouterr().err
+
+
+def test_kv_utilization_and_forward_fraction_use_only_the_steps_they_name() -> None:
+    from flotilla_server.bench.offline import forward_fraction, kv_utilization
+    from flotilla_server.outputs import StepRecord
+
+    def rec(running, waiting, held, allocated, decode, prefill_seqs, fwd, dur):
+        return StepRecord(dur, fwd, decode, 0, decode, num_prefill_seqs=prefill_seqs, num_running=running,
+                          num_waiting=waiting, kv_positions_held=held, kv_positions_allocated=allocated)
+
+    steps = [
+        rec(4, 3, 90, 100, 4, 0, 0.9, 1.0),  # saturated (waiting), full batch
+        rec(4, 0, 80, 100, 3, 1, 0.5, 1.0),  # saturated (all slots), full batch
+        rec(2, 0, 10, 100, 2, 0, 0.1, 1.0),  # neither
+    ]
+    assert kv_utilization(steps, 4) == (pytest.approx(0.85), 2)
+    assert forward_fraction(steps, 4) == (pytest.approx(0.7), 2)
+    assert kv_utilization(steps[2:], 4) == (None, 0) and forward_fraction(steps[2:], 4) == (None, 0)
