@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 
 from flotilla_server.bench.online_stats import RequestRecord, records_as_dicts, summarize
 
@@ -56,18 +56,22 @@ def _body(args: argparse.Namespace, model: str, w: Workload, rng: random.Random)
     return {**common, "prompt": text}
 
 
-async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any], w: Workload, t0: float) -> RequestRecord:
+async def _one(client: aiohttp.ClientSession, url: str, body: dict[str, Any], w: Workload,
+               t0: float) -> RequestRecord:
     start = time.monotonic()
     rec = RequestRecord(start_s=start - t0, status="connect_error")
     try:
-        async with client.stream("POST", url, json=body) as resp:
-            rec.status = str(resp.status_code)
-            if resp.status_code != 200:
+        async with client.post(url, json=body) as resp:
+            rec.status = str(resp.status)
+            if resp.status != 200:
                 rec.retry_after = resp.headers.get("retry-after")
-                rec.error = (await resp.aread()).decode(errors="replace")[:300]
+                rec.error = (await resp.read()).decode(errors="replace")[:300]
                 return rec
             chunks = 0
-            async for line in resp.aiter_lines():
+            # aiohttp parses HTTP and chunked framing in C: the load generator must cost the box less than
+            # the server it measures (both share the CPU here)
+            async for raw in resp.content:
+                line = raw.decode().rstrip("\r\n")
                 if not line.startswith("data: "):
                     continue
                 data = line[6:]
@@ -93,16 +97,21 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict[str, Any], w: Wor
                     rec.status = "cancelled"
                     return rec  # leaving the block closes the connection: the server must cancel
             rec.e2e_s = time.monotonic() - start
-    except httpx.HTTPError as e:
+    except (aiohttp.ClientError, TimeoutError) as e:
         rec.status, rec.error = ("connect_error" if rec.status == "connect_error" else "stream_error"), repr(e)
     return rec
 
 
 async def _run(args: argparse.Namespace) -> tuple[list[RequestRecord], float, str]:
     base = args.base_url.rstrip("/")
-    limits = httpx.Limits(max_connections=max(args.concurrency, 1) + 8, max_keepalive_connections=0)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(args.timeout_s, connect=10.0), limits=limits) as client:
-        model = args.model or (await client.get(f"{base}/v1/models")).json()["data"][0]["id"]
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)  # a fresh connection per request, as clients do
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=args.timeout_s)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as client:
+        if args.model:
+            model = args.model
+        else:
+            async with client.get(f"{base}/v1/models") as r:
+                model = (await r.json())["data"][0]["id"]
         url = f"{base}/v1/chat/completions" if args.endpoint == "chat" else f"{base}/v1/completions"
         workloads = make_workloads(args)
         rng = random.Random(args.seed + 1)
@@ -197,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         records, duration_s, model = asyncio.run(_run(args))
-    except httpx.HTTPError as e:
+    except (aiohttp.ClientError, OSError) as e:
         print(f"flotilla-bench online: cannot reach {args.base_url} ({e!r}): start flotilla-server first "
               "or pass --base-url", file=sys.stderr)
         return 1
