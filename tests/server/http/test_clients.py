@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import shlex
+import subprocess
 import time
 from urllib.parse import urlparse
 
@@ -112,3 +114,11 @@ def test_probes(server, path):
     import httpx
 
     assert httpx.get(server.base_url + path).json()["status"] in ("ok", "ready")
+
+
+def test_startup_prints_a_curl_example_that_works(server):
+    line = next(x for x in server.log().splitlines() if x.strip().startswith("curl -N"))
+    argv = shlex.split(line.strip())
+    assert server.base_url in line
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.rstrip().endswith("data: [DONE]") and '"finish_reason":"length"' in out
