@@ -76,7 +76,7 @@ class ServerSettings:
         )
 
 
-# (flag, settings field, type, help); the environment variable is FLOTILLA_ + the field name upper-cased
+# (flag, settings field, type, help); the environment variable is FLOTILLA_ + the flag, upper-cased (env_var)
 _FLAGS: list[tuple[str, str, object, str]] = [
     ("--model", "model", str, "A Hugging Face model directory, or 'tiny' (the built-in DEMONSTRATION model)."),
     ("--served-model-name", "served_model_name", str, "Name clients send as `model`; default: the model's name."),
@@ -102,8 +102,9 @@ _FLAGS: list[tuple[str, str, object, str]] = [
 ]
 
 
-def env_var(field_name: str) -> str:
-    return "FLOTILLA_" + field_name.upper()
+def env_var(flag: str) -> str:
+    """--kv-cache-memory → FLOTILLA_KV_CACHE_MEMORY: the variable is named after the flag users see."""
+    return "FLOTILLA_" + flag.removeprefix("--").upper().replace("-", "_")
 
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
@@ -115,7 +116,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
         "Every flag can also be set from the environment variable shown with it.",
     )
     for flag, name, kind, text in _FLAGS:
-        env = env_var(name)
+        env = env_var(flag)
         default = getattr(base, name)
         if env in environ:
             try:

@@ -14,8 +14,9 @@ def test_every_issue_flag_exists_with_help_and_env_var():
     help_text = build_parser({}).format_help()
     for flag in ISSUE_FLAGS:
         assert flag in help_text
-    for _, name, _, text in _FLAGS:
-        assert text and env_var(name) in help_text
+    for flag, _, _, text in _FLAGS:
+        assert text and env_var(flag) in help_text
+    assert env_var("--kv-cache-memory") == "FLOTILLA_KV_CACHE_MEMORY"
 
 
 def test_defaults():
@@ -24,7 +25,7 @@ def test_defaults():
 
 
 def test_env_fallback_and_flag_precedence():
-    env = {"FLOTILLA_MAX_NUM_SEQS": "4", "FLOTILLA_QUEUE_TIMEOUT_S": "2.5", "FLOTILLA_KV_CACHE_MEMORY_BYTES": "1Gi",
+    env = {"FLOTILLA_MAX_NUM_SEQS": "4", "FLOTILLA_QUEUE_TIMEOUT_S": "2.5", "FLOTILLA_KV_CACHE_MEMORY": "1Gi",
            "FLOTILLA_PORT": "9000"}
     s = parse_settings(["--port", "9100"], env)
     assert s.max_num_seqs == 4 and s.queue_timeout_s == 2.5 and s.kv_cache_memory_bytes == 2**30
