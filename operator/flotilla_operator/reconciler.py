@@ -147,8 +147,10 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
             spec = types.parse_spec(obj.get("spec") or {})
             desired = desired_replicas(spec)
             max_replicas = spec.scaling.max_replicas
+            served_name = spec.model.name
         except pydantic.ValidationError:
             desired, max_replicas = int((obj.get("spec") or {}).get("replicas") or 0), 0
+            served_name = name
         deployment = await ctx.kube.get("apps/v1", "deployments", namespace, name)
         generation = applied_generation or previous.get("observedGeneration") or obj["metadata"].get("generation", 1)
         observed = Observed(
@@ -159,9 +161,10 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
             previous_status=previous,
         )
         new = compute_status(observed, endpoint(name, namespace), pod_selector_string(name), now_rfc3339())
-        metrics.DESIRED_REPLICAS.labels(namespace=namespace, model=name).set(desired)
-        metrics.READY_REPLICAS.labels(namespace=namespace, model=name).set(new["readyReplicas"])
-        metrics.MAX_REPLICAS.labels(namespace=namespace, model=name).set(max_replicas)
+        # label `model` is the served name, as on the servers' own metrics, so dashboards can join them
+        metrics.DESIRED_REPLICAS.labels(namespace=namespace, model=served_name).set(desired)
+        metrics.READY_REPLICAS.labels(namespace=namespace, model=served_name).set(new["readyReplicas"])
+        metrics.MAX_REPLICAS.labels(namespace=namespace, model=served_name).set(max_replicas)
         if not status_changed(previous, new):
             return previous
         patch = {"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}, "status": new}
@@ -174,8 +177,8 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
     raise KubeError(409, "Conflict", f"status of {namespace}/{name} kept changing under us; will retry")
 
 
-def forget(namespace: str, name: str) -> None:
+def forget(namespace: str, served_name: str) -> None:
     """Drop the gauges of a deleted model."""
     for gauge in (metrics.DESIRED_REPLICAS, metrics.READY_REPLICAS, metrics.MAX_REPLICAS):
         with contextlib.suppress(KeyError):
-            gauge.remove(namespace, name)
+            gauge.remove(namespace, served_name)

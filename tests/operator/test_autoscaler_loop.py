@@ -117,7 +117,7 @@ async def test_queue_scales_up_through_the_scale_subresource_and_records(fresh) 
     replica.gauges[RUNNING].set(2)
     replica.gauges[WAITING].set(10)  # D = 12, T = 2 + 2 = 4: three replicas
     settle(prom, 10)
-    decisions = {"namespace": NS, "model": NAME, "direction": "up", "reason": "ScaleUp"}
+    decisions = {"namespace": NS, "model": MODEL, "direction": "up", "reason": "ScaleUp"}
     before = sample("flotilla_operator_autoscaler_decisions_total", decisions)
     obj = await tick(k8s, prom.url, time.time())
     assert obj["spec"]["replicas"] == 3
@@ -126,7 +126,7 @@ async def test_queue_scales_up_through_the_scale_subresource_and_records(fresh) 
     assert auto["lastScaleTime"] and [r["replicas"] for r in auto["recommendations"]] == [1, 3]
     assert condition(obj)["status"] == "True"
     assert sample("flotilla_operator_autoscaler_decisions_total", decisions) == before + 1
-    assert sample("flotilla_operator_desired_replicas", {"namespace": NS, "model": NAME}) == 3
+    assert sample("flotilla_operator_desired_replicas", {"namespace": NS, "model": MODEL}) == 3
     events = [e for e in k8s.list("v1", "events", NS) if e["involvedObject"]["uid"] == obj["metadata"]["uid"]]
     assert [e["reason"] for e in events] == ["ScaleUp"] and "1 -> 3" in events[0]["message"]
 

@@ -128,9 +128,9 @@ async def _decide_and_apply(ctx: Context, namespace: str, name: str, sample: Poo
     )
     state = state_from_status(status.get("autoscaler"))
     decision = autoscaler.decide(scaling_spec(spec), observation, state)
-    metrics.AUTOSCALER_DECISIONS.labels(namespace=namespace, model=name, direction=decision.direction(current),
+    metrics.AUTOSCALER_DECISIONS.labels(namespace=namespace, model=spec.model.name, direction=decision.direction(current),
                                         reason=decision.reason).inc()
-    metrics.DESIRED_REPLICAS.labels(namespace=namespace, model=name).set(decision.desired_replicas)
+    metrics.DESIRED_REPLICAS.labels(namespace=namespace, model=spec.model.name).set(decision.desired_replicas)
 
     if decision.desired_replicas != current:
         await ctx.kube.patch(types.API_VERSION, types.PLURAL, namespace, name,

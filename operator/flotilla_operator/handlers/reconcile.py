@@ -73,8 +73,9 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
         await _guarded(memo.ctx, namespace, name, retry, lambda: reconciler.reconcile(memo.ctx, dict(body), logger))
 
     @kopf.on.delete(*resource, id="forget", optional=True, registry=registry)
-    async def forget_model(name: str, namespace: str, **_: Any) -> None:
-        reconciler.forget(namespace, name)  # children go with their owner references
+    async def forget_model(spec: kopf.Spec, name: str, namespace: str, **_: Any) -> None:
+        served_name = (spec.get("model") or {}).get("name") or name
+        reconciler.forget(namespace, served_name)  # children go with their owner references
 
     @kopf.on.event("apps", "v1", "deployments", labels={MANAGED_BY_LABEL: MANAGED_BY},
                    id="deployment-status", registry=registry)
