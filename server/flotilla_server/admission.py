@@ -73,6 +73,7 @@ class AdmissionQueue:
         self._event: asyncio.Event | None = None
         self._signal_pending = threading.Event()  # at most one wake-up in flight across threads
         self._driver: asyncio.Task | None = None
+        self._stopping = False
 
     def __len__(self) -> int:
         return len(self._policy)
@@ -91,6 +92,9 @@ class AdmissionQueue:
         self._driver = self._loop.create_task(self._drive(), name="admission-driver")
 
     async def stop(self) -> None:
+        # The flag, not only cancel(): on Python 3.11 wait_for can swallow a cancellation that races
+        # with its inner wait completing, and a driver that outlived stop() would hang it forever.
+        self._stopping = True
         if self._driver is not None:
             self._driver.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -115,7 +119,7 @@ class AdmissionQueue:
 
     async def _drive(self) -> None:
         assert self._event is not None
-        while True:
+        while not self._stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._event.wait(), _DRIVER_FALLBACK_WAKE_S)
             self._event.clear()
