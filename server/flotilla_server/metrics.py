@@ -89,7 +89,7 @@ class ServerMetrics:
                               ["model"], buckets=_LATENCY_BUCKETS_S, registry=r)
         self.itl = Histogram("flotilla_inter_token_latency_seconds", "Time between successive tokens of a request.",
                              ["model"], buckets=_ITL_BUCKETS_S, registry=r)
-        self.request_duration = Histogram("flotilla_request_duration_seconds", "Arrival to last byte (end to end).",
+        self.request_duration = Histogram("flotilla_request_duration_seconds", "Arrival to the last token (end to end).",
                                           ["model"], buckets=_DURATION_BUCKETS_S, registry=r)
         self.queue_wait = Histogram("flotilla_queue_wait_seconds", "Time spent in the admission queue.",
                                     ["model"], buckets=_LATENCY_BUCKETS_S, registry=r)

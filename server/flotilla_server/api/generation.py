@@ -221,8 +221,9 @@ async def _json_body(request: Request, state: ServerState, job: Job, stream: Any
     timing.done()
     if last is None or last.finish_reason is None or last.finish_reason == "abort":
         message, code = _abort_message(getattr(last, "abort_reason", None))
-        outcome.finish(500, None)
-        raise APIError(500, message, code=code, counted=True)
+        status = 503 if code == "draining" else 500  # as a stream cut by the drain timeout is counted
+        outcome.finish(status, None)
+        raise APIError(status, message, code=code, counted=True)
     outcome.finish(200)
     u = sse.usage(last.num_prompt_tokens, last.num_output_tokens)
     text = "".join(parts)

@@ -63,16 +63,19 @@ def test_drain_timeout_cuts_off_with_an_error_chunk_and_exits_0(tmp_path):
         host, port = url.hostname, url.port
 
         async def go():
-            body = {"model": "tiny", "prompt": "a long one", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+            body = {"model": "tiny", "prompt": "a long one", "max_tokens": 2000, "ignore_eos": True}
+            whole = asyncio.create_task(raw_http.post(host, port, "/v1/completions", body))
+            await asyncio.sleep(0.3)  # admitted (64 free slots) before the stream and the signal
             reader, writer = await raw_http.connect(host, port)
-            writer.write(raw_http.request_bytes(host, port, "/v1/completions", body))
+            writer.write(raw_http.request_bytes(host, port, "/v1/completions", {**body, "stream": True}))
             resp = await raw_http.read_head(reader, time.monotonic())
             server.proc.send_signal(signal.SIGTERM)
             signalled = time.monotonic()
             await raw_http.read_rest(reader, resp)
-            return resp, time.monotonic() - signalled
+            return resp, time.monotonic() - signalled, await whole
 
-        resp, cut_after_s = asyncio.run(go())
+        resp, cut_after_s, whole = asyncio.run(go())
         assert resp.done and resp.events[-1]["error"]["code"] == "draining"
         assert 0.9 < cut_after_s < 5
+        assert whole.status == 503 and json.loads(whole.body)["error"]["code"] == "draining"
         assert server.proc.wait(timeout=10) == 0
