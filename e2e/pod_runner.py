@@ -37,7 +37,8 @@ from typing import Any
 
 import httpx
 
-from tests.support.prometheus import RealPrometheus, Target, free_port
+from tests.support.ports import free_port
+from tests.support.prometheus import RealPrometheus, Target
 
 log = logging.getLogger("e2e.pod_runner")
 

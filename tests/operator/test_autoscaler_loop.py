@@ -22,7 +22,8 @@ from flotilla_operator.settings import OperatorSettings
 from prometheus_client import REGISTRY, CollectorRegistry, Gauge, start_http_server
 
 from tests.support.k8s_emulator import serve
-from tests.support.prometheus import RealPrometheus, Target, free_port
+from tests.support.ports import free_port
+from tests.support.prometheus import RealPrometheus, Target
 
 ROOT = Path(__file__).resolve().parents[2]
 NS, NAME, MODEL = "default", "loop", "loop-model"

@@ -11,7 +11,8 @@ from flotilla_operator import prometheus as p
 from flotilla_operator.prometheus import PrometheusClient, PrometheusError
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 
-from tests.support.prometheus import RealPrometheus, Target, free_port
+from tests.support.ports import free_port
+from tests.support.prometheus import RealPrometheus, Target
 
 
 class Exporter:

@@ -18,7 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -27,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from tests.support.ports import free_port
 
 PROMETHEUS_BINARY = "prometheus"
 START_TIMEOUT_S = 30.0
@@ -37,12 +38,6 @@ STOP_TIMEOUT_S = 10.0
 class Target:
     address: str  # host:port serving /metrics
     labels: dict[str, str] = field(default_factory=dict)  # attached to every series scraped from it
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RealPrometheus:
