@@ -107,6 +107,10 @@ def env_var(flag: str) -> str:
     return "FLOTILLA_" + flag.removeprefix("--").upper().replace("-", "_")
 
 
+def _default_note(value: object) -> str:
+    return "" if value is None else f"; default {value}"  # an unset default is described in the text
+
+
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     environ = os.environ if environ is None else environ
     base = ServerSettings()
@@ -123,8 +127,8 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
                 default = kind(environ[env])  # type: ignore[operator]
             except (ValueError, argparse.ArgumentTypeError) as e:
                 parser.error(f"{env}={environ[env]!r}: {e}")
-        parser.add_argument(flag, dest=name, type=kind, default=default,
-                            help=f"{text} [env {env}; default {getattr(base, name)}]")
+        parser.add_argument(flag, dest=name, type=kind, default=default, metavar=env.removeprefix("FLOTILLA_"),
+                            help=f"{text} [env {env}{_default_note(getattr(base, name))}]")
     return parser
 
 
