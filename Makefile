@@ -41,7 +41,7 @@ bench: setup
 
 generate: setup
 	$(PY) -m flotilla_operator.generate
-	# the chart's copies of dashboards/ and of deploy/rbac.yaml's ClusterRole rules
+	# the chart's copies of dashboards/, deploy/rbac.yaml's ClusterRole rules and deploy/priorityclasses.yaml
 	$(PY) scripts/generate_chart_files.py
 
 clean:
