@@ -70,7 +70,7 @@ class PVCSource(ApiModel):
 
 class ImageSource(ApiModel):
     reference: str = Field(
-        description="reference is an OCI image holding the model files, mounted read-only as an image volume.",
+        description="reference is an OCI image holding the model files and a `cp` command.",
         min_length=1,
     )
     path: str = Field("/", description="path is the model directory inside the image.")
@@ -91,7 +91,9 @@ class ModelSource(ApiModel):
         None, description="huggingface downloads the model in an init container into an emptyDir volume."
     )
     pvc: PVCSource | None = Field(None, description="pvc mounts the model read-only from a PersistentVolumeClaim.")
-    image: ImageSource | None = Field(None, description="image mounts the model from an OCI image volume.")
+    image: ImageSource | None = Field(
+        None, description="image copies the model out of an OCI image in an init container into an emptyDir volume."
+    )
     builtin: Literal["tiny"] | None = Field(
         None, description="builtin selects a model embedded in the server; `tiny` is a demonstration model only."
     )
