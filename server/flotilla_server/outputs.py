@@ -49,7 +49,3 @@ class EngineStats:
     num_preemptions: int  # since start
     deferrals: dict[str, int] = field(default_factory=dict)  # refused admissions by reason, since start
     last_step_duration_s: float = 0.0
-
-    @property
-    def kv_usage(self) -> float:
-        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
