@@ -23,10 +23,7 @@ SHORT_NAMES = ("im",)
 
 DEFAULT_SERVER_IMAGE = "ghcr.io/flotilla-dev/flotilla-server:0.1.0"
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-PHASES = ("Pending", "Progressing", "Ready", "Degraded", "ScaledToZero")
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded", "ScalingActive")
 
-DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$"
 
