@@ -19,7 +19,7 @@ MANAGED_BY = "flotilla-operator"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MODEL_LABEL = "flotilla.dev/model"  # the served model name, for Prometheus relabelling and dashboards
-RUN_AS_USER = 1000
+RUN_AS_USER = 65532  # the non-root user both images create (docker/*.Dockerfile)
 PROBE_PERIOD_S = 10
 DRAIN_MARGIN_S = 15  # grace beyond the server's drain, for the process to exit after it
 

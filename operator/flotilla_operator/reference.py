@@ -51,7 +51,7 @@ PODS_TEXT = """\
 - Probes: startup on `/healthz` (2 minutes for `tiny`, 15 minutes for downloaded or mounted models),
   readiness on `/readyz`, liveness on `/healthz`. `terminationGracePeriodSeconds` is
   `drainTimeoutSeconds + 15`, so a SIGTERM drain finishes before the kill.
-- Security: non-root (uid 1000), no privilege escalation, all capabilities dropped, read-only root
+- Security: non-root (uid 65532, the images' own user), no privilege escalation, all capabilities dropped, read-only root
   filesystem with an `emptyDir` at `/tmp`, no service-account token.
 - Placement: see [placement.md](placement.md).
 - Permissions: `deploy/rbac.yaml` grants exactly the verbs the operator uses; a test audits every request.
@@ -68,15 +68,15 @@ The operator writes `status` through the status subresource and only the fields 
 | `Pending` | The InferenceModel was accepted; no Deployment has been observed yet. |
 | `Progressing` | Replicas are starting or rolling out: fewer ready than desired. |
 | `Ready` | Every desired replica is ready and the Deployment has rolled out the current spec. |
-| `Degraded` | The spec cannot be honoured (for example a missing PVC or token Secret), or desired replicas were ready and are no longer all ready. The `Degraded` condition says why. |
+| `Degraded` | The spec cannot be honoured (for example a missing PVC), or desired replicas were ready and are no longer all ready. The `Degraded` condition says why. |
 | `ScaledToZero` | The desired replicas are 0 (cost-first, idle). A request to the endpoint waits for a scale-up. |
 
 | condition | True means | reasons |
 |---|---|---|
 | `Ready` | At least one replica serves and all desired replicas are ready. | `AllReplicasReady`, `ReplicasNotReady`, `ScaledToZero` |
 | `Progressing` | A rollout or scale-up is under way. | `RollingOut`, `Scaling`, `Complete` |
-| `Degraded` | The operator cannot honour the spec, or serving capacity was lost. | `ClaimNotFound`, `SecretNotFound`, `ReplicasLost`, `AsExpected` |
-| `ScalingActive` | The autoscaler has metrics and controls `.spec.replicas`. Written by the autoscaler. | `MetricsAvailable`, `MetricsUnavailable`, `Disabled` |
+| `Degraded` | The operator cannot honour the spec, or serving capacity was lost. | `ClaimNotFound`, `InvalidSpec`, `ReplicasLost`, `AsExpected` |
+| `ScalingActive` | The autoscaler has metrics and controls `.spec.replicas`. Written by the autoscaler. | `ValidMetricFound`, `MetricsUnavailable`, `ScalingDisabled` |
 
 Each action (child created, updated, recreated after drift, spec not honoured) is also recorded as a
 Kubernetes Event on the `InferenceModel` (`kubectl describe im NAME`).
