@@ -3,8 +3,12 @@
 One workload runs in four modes on the same model and engine settings:
 
 - `continuous`: every request queued at once; the scheduler admits and retires them step by step.
-- `static`: fixed batches of `static_batch` requests; a batch runs until its longest member finishes
-  (each member generates the batch's longest output; only its own tokens count) and the next starts.
+- `static`: classic static batching (transformers `generate`, FasterTransformer, the Orca paper's
+  baseline): fixed batches of `static_batch` requests, each batch a rectangle. Every prompt is
+  left-padded with `PAD_TOKEN_ID` to the batch's longest prompt and every member generates the batch's
+  longest output; only each request's own output tokens count. The next batch starts when one ends.
+- `static_unpadded`: the same batches without prompt padding (each prompt is prefilled at its own
+  length; outputs still run to the batch's longest): a kinder static baseline, reported beside it.
 - `sequential`: one request at a time (every `sequential_stride`-th request: the rate is per token).
 - `transformers`: the same weights through `transformers` `generate`, static batches, left padding
   (the first `transformers_batches` batches of `transformers_batch` requests: a rate, sampled to fit).
@@ -45,7 +49,9 @@ from flotilla_server.model import LoadedModel
 from flotilla_server.outputs import StepRecord
 from flotilla_server.sampling_params import SamplingParams
 
-MODES = ("continuous", "static", "sequential", "transformers")
+MODES = ("continuous", "static", "static_unpadded", "sequential", "transformers")
+# the rectangle's padding token: the id the `transformers` mode pads with too (cost matters, not content)
+PAD_TOKEN_ID = 0
 # One thread by default: on a 2-core machine shared with other work, two threads spin-wait on each other
 # and every mode slows several-fold (tiny, continuous: 2308 tokens/s with one thread, 304 with two).
 DEFAULT_THREADS = 1
@@ -86,6 +92,12 @@ def _drain(engine: EngineCore) -> None:
         engine.step()
 
 
+def left_padded(prompts: list[list[int]], pad_token_id: int) -> list[list[int]]:
+    """Each prompt left-padded with `pad_token_id` to the longest: a static batch's rectangle."""
+    width = max(len(p) for p in prompts)
+    return [[pad_token_id] * (width - len(p)) + p for p in prompts]
+
+
 def run_engine_mode(mode: str, workload: Workload, loaded: LoadedModel, requests: list[Request],
                     device: str = "cpu", dtype: str = "float32") -> ModeResult:
     engine = EngineCore(engine_config(workload, loaded, device, dtype), loaded=loaded)
@@ -97,12 +109,15 @@ def run_engine_mode(mode: str, workload: Workload, loaded: LoadedModel, requests
             engine.add_request(str(i), r.prompt_token_ids, _params(r.output_len))
         _drain(engine)
         done = requests
-    elif mode == "static":
+    elif mode in ("static", "static_unpadded"):
         for b in range(0, len(requests), workload.static_batch):
             batch = requests[b : b + workload.static_batch]
             longest = max(r.output_len for r in batch)
-            for i, r in enumerate(batch):
-                engine.add_request(f"{b}-{i}", r.prompt_token_ids, _params(longest))
+            prompts = [r.prompt_token_ids for r in batch]
+            if mode == "static":
+                prompts = left_padded(prompts, PAD_TOKEN_ID)
+            for i, prompt in enumerate(prompts):
+                engine.add_request(f"{b}-{i}", prompt, _params(longest))
             _drain(engine)
         done = requests
     elif mode == "sequential":

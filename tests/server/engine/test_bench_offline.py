@@ -14,14 +14,23 @@ def test_offline_quick_smoke(tmp_path, capsys) -> None:
     report = json.loads(out.read_text())
     assert set(report["workloads"]) == {"tiny", "llama-small"}
     for w in report["workloads"].values():
-        for mode in ("continuous", "static", "sequential", "transformers"):
+        for mode in ("continuous", "static", "static_unpadded", "sequential", "transformers"):
             assert w["modes"][mode]["output_tokens_per_s"] > 0
             assert w["modes"][mode]["output_tokens"] > 0
         assert 0 < w["kv_utilization"] <= 1 and 0 < w["forward_fraction"] <= 1
         assert w["modes"]["continuous"]["output_tokens"] == w["modes"]["static"]["output_tokens"]
+        assert w["modes"]["static"]["output_tokens"] == w["modes"]["static_unpadded"]["output_tokens"]
     assert png.stat().st_size > 10_000
     table = capsys.readouterr().out
     assert "continuous" in table and "kv_utilization=" in table and "forward_fraction=" in table
+    assert "static: rectangular batches" in table and "static_unpadded: the same batches" in table
+
+
+def test_static_batches_are_rectangles() -> None:
+    from flotilla_server.bench.offline import left_padded
+
+    assert left_padded([[5, 6], [7], [1, 2, 3]], 0) == [[0, 5, 6], [0, 0, 7], [1, 2, 3]]
+    assert left_padded([[4]], 9) == [[4]]
 
 
 def test_offline_refuses_an_unknown_workload_size(capsys) -> None:
