@@ -44,7 +44,8 @@ def render_source(source: ModelSource, server_image: str) -> SourceRender:
     tmp_mount = {"name": "tmp", "mountPath": "/tmp"}
     if source.huggingface is not None:
         hf = source.huggingface
-        env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": "/tmp/hf"}]
+        # the server image sets HF_HUB_OFFLINE=1 (the server never downloads); the download must undo it
+        env: list[dict[str, Any]] = [{"name": "HF_HOME", "value": "/tmp/hf"}, {"name": "HF_HUB_OFFLINE", "value": "0"}]
         if hf.token_secret is not None:
             env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
                 "name": hf.token_secret.name, "key": hf.token_secret.key}}})

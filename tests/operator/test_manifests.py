@@ -89,6 +89,8 @@ def test_llama_example_gpu_huggingface_latency_first():
     assert download["command"][:3] == ["hf", "download", "meta-llama/Llama-3.1-8B-Instruct"]
     token = next(e for e in download["env"] if e["name"] == "HF_TOKEN")
     assert token["valueFrom"]["secretKeyRef"] == {"name": "hf-token", "key": "token"}
+    offline = next(e for e in download["env"] if e["name"] == "HF_HUB_OFFLINE")
+    assert offline["value"] == "0"  # the image's HF_HUB_OFFLINE=1 would make `hf download` refuse
     assert kids["PodDisruptionBudget"]["spec"]["minAvailable"] == 1
     assert kids["Deployment"]["spec"]["replicas"] == 2
 
