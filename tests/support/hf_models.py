@@ -12,11 +12,16 @@ The directory holds `config.json`, `generation_config.json`, safetensors weights
 `tokenizer.json` (vocab 384, BOS `<s>` prepended, EOS `</s>`) and a `tokenizer_config.json` with a
 ChatML-style chat template that uses `bos_token` and `raise_exception`. Norm weights and biases are
 randomised too (transformers initialises them to constants), so every weight matters to the output.
+
+`random_prompts` and `hf_greedy` (the transformers reference: greedy, one prompt at a time) serve the
+equality tests of the model runtime and of the engine.
 """
 
 from __future__ import annotations
 
 import json
+import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -106,3 +111,32 @@ def write_tokenizer_files(path: str | Path) -> None:
         "chat_template": CHAT_TEMPLATE,
     }
     (path / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+
+
+def random_prompts(lengths: Sequence[int], seed: int = 0, vocab: int = BOS_ID) -> list[list[int]]:
+    """Prompts of random ordinary token ids (below the special tokens), one per length."""
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(n)] for n in lengths]
+
+
+def hf_greedy(
+    path: Path, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], device: str = "cpu"
+) -> list[list[int]]:
+    """transformers `generate(do_sample=False)`, one prompt at a time (no padding), EOS ignored.
+
+    `max_new_tokens` is one count for every prompt, or one count per prompt."""
+    import transformers
+
+    counts = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
+    model.generation_config.eos_token_id = None
+    out = []
+    for prompt, n in zip(prompts, counts, strict=True):
+        ids = torch.tensor([list(prompt)], device=device)
+        # an explicit mask: without one, generate() takes every token equal to pad_token_id for padding
+        ids = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+            do_sample=False, pad_token_id=0,
+        )
+        out.append(ids[0, len(prompt):].tolist())
+    return out

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import random
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-import torch
 from flotilla_server.config import EngineConfig
 from flotilla_server.engine_core import EngineCore
 from flotilla_server.model import LoadedModel, load_model
@@ -37,28 +34,6 @@ def hf_model(tmp_path_factory: pytest.TempPathFactory):
         return cache[case]
 
     return get
-
-
-def random_prompts(lengths: Sequence[int], seed: int = 0, vocab: int = 380) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(vocab) for _ in range(n)] for n in lengths]
-
-
-def hf_greedy(path: Path, prompts: Sequence[Sequence[int]], max_new_tokens: Sequence[int]) -> list[list[int]]:
-    """transformers `generate(do_sample=False)`, one prompt at a time (no padding), EOS ignored."""
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    model.generation_config.eos_token_id = None
-    out = []
-    for prompt, n in zip(prompts, max_new_tokens, strict=True):
-        ids = torch.tensor([list(prompt)])
-        ids = model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-            do_sample=False, pad_token_id=0,
-        )
-        out.append(ids[0, len(prompt):].tolist())
-    return out
 
 
 def make_engine(loaded: LoadedModel, **config) -> EngineCore:

@@ -8,7 +8,9 @@ import pytest
 from flotilla_server.async_engine import AsyncEngine
 from flotilla_server.sampling_params import SamplingParams
 
-from .conftest import make_engine, random_prompts, run_to_completion
+from tests.support.hf_models import random_prompts
+
+from .conftest import make_engine, run_to_completion
 
 GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 from flotilla_server.sampling_params import SamplingParams
 
-from .conftest import make_engine, random_prompts, run_to_completion
+from tests.support.hf_models import random_prompts
+
+from .conftest import make_engine, run_to_completion
 
 
 @pytest.fixture(scope="module")

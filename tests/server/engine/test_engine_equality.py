@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 from flotilla_server.sampling_params import SamplingParams
 
-from .conftest import ARCH_CASES, hf_greedy, make_engine, random_prompts, run_to_completion
+from tests.support.hf_models import hf_greedy, random_prompts
+
+from .conftest import ARCH_CASES, make_engine, run_to_completion
 
 CASES = sorted(ARCH_CASES)
 

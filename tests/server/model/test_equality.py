@@ -7,7 +7,9 @@ import random
 import pytest
 from flotilla_server.model import load_model
 
-from .conftest import DEVICE, VARIANTS, hf_greedy, random_prompts
+from tests.support.hf_models import hf_greedy, random_prompts
+
+from .conftest import DEVICE, VARIANTS
 from .paged import paged_greedy
 
 NEW_TOKENS = 8

@@ -13,7 +13,9 @@ from flotilla_server.model import load_model
 from flotilla_server.model.config import UnsupportedModelError
 from flotilla_server.model.tiny import build_tiny_model, build_tiny_tokenizer
 
-from .conftest import DEVICE, random_prompts
+from tests.support.hf_models import random_prompts
+
+from .conftest import DEVICE
 from .paged import paged_greedy
 
 
