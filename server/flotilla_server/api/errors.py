@@ -90,6 +90,11 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = describe_validation_error(list(exc.errors()))
+        content_type = request.headers.get("content-type", "")
+        if "json" not in content_type.lower():  # e.g. curl -d without -H: FastAPI never parsed the body
+            message = (f"The body must be JSON sent with 'Content-Type: application/json' "
+                       f"(got Content-Type {content_type or 'none'!r}).")
+            param = "body"
         _count(request, 400)
         return JSONResponse(error_body(400, message, param), status_code=400)
 

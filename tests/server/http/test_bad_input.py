@@ -64,3 +64,11 @@ def test_still_serving_after_the_bad_inputs(server):
     for code, at_least in {"400": 19, "404": 2, "405": 1, "413": 1}.items():  # every refusal is counted
         assert server.metric("flotilla_requests_total", code=code) >= at_least, code
     assert "Traceback" not in server.log()
+
+
+def test_a_body_sent_as_a_form_is_told_to_send_json(server):
+    # what `curl -d` sends without -H 'Content-Type: application/json'
+    r = httpx.post(f"{server.base_url}/v1/completions", content=b'{"model": "tiny", "prompt": "x"}',
+                   headers={"Content-Type": "application/x-www-form-urlencoded"}, timeout=30)
+    assert r.status_code == 400
+    assert "Content-Type: application/json" in r.json()["error"]["message"]
