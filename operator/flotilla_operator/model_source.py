@@ -60,7 +60,7 @@ def render_source(source: ModelSource, server_image: str) -> SourceRender:
         # Kubernetes version (image volumes need 1.31+ and a feature gate before 1.33).
         init = {
             "name": "copy-model", "image": source.image.reference,
-            "command": ["cp", "-R", _join("", source.image.path) or "/", DOWNLOAD_DIR],
+            "command": ["cp", "-R", _join("", source.image.path), DOWNLOAD_DIR],
             "volumeMounts": [init_mount], "securityContext": dict(INIT_SECURITY),
         }
         return SourceRender(DOWNLOAD_DIR, [volume], [mount], [init], startup_budget_s=900)

@@ -70,7 +70,11 @@ class ImageSource(ApiModel):
         description="reference is an OCI image holding the model files and a `cp` command.",
         min_length=1,
     )
-    path: str = Field("/", description="path is the model directory inside the image.")
+    path: str = Field(
+        "/model",
+        description="path is the model directory inside the image: absolute, and not `/` itself.",
+        pattern=r"^/[^/]",
+    )
 
 
 class ModelSource(ApiModel):

@@ -93,6 +93,8 @@ INVALID = [
     ("PVC name with capitals", _with("model.source", {"pvc": {"claimName": "Models"}}),
      "spec.model.source.pvc.claimName: 'Models' does not match"),
     ("unknown dtype", _with("server.dtype", "int4"), "spec.server.dtype: 'int4' is not one of"),
+    ("image source copying the whole root", _with("model.source", {"image": {"reference": "r/m:1", "path": "/"}}),
+     "spec.model.source.image.path: '/' does not match"),
     ("zero queue timeout", _with("server.queueTimeoutSeconds", 0),
      "spec.server.queueTimeoutSeconds: 0 is less than or equal to the minimum of 0"),
 ]
