@@ -1,7 +1,11 @@
-"""Fixtures for engine tests: small random Hugging Face models, the transformers reference, a driver."""
+"""Fixtures for engine tests: small random Hugging Face models, the transformers reference, a driver.
+
+FLOTILLA_TEST_DEVICE=cuda runs the engine on a GPU (default: cpu); the transformers reference stays on the CPU.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +15,8 @@ from flotilla_server.model import LoadedModel, load_model
 from flotilla_server.sampling_params import SamplingParams
 
 from tests.support.hf_models import make_hf_model_dir
+
+DEVICE = os.environ.get("FLOTILLA_TEST_DEVICE", "cpu")
 
 # every architecture, with grouped-query attention and tied embeddings among them
 ARCH_CASES = {
@@ -30,14 +36,14 @@ def hf_model(tmp_path_factory: pytest.TempPathFactory):
         if case not in cache:
             arch, overrides = ARCH_CASES[case]
             path = make_hf_model_dir(arch, tmp_path_factory.mktemp(f"engine-{case}"), **overrides)
-            cache[case] = (path, load_model(str(path), "float32", "cpu"))
+            cache[case] = (path, load_model(str(path), "float32", DEVICE))
         return cache[case]
 
     return get
 
 
 def make_engine(loaded: LoadedModel, **config) -> EngineCore:
-    return EngineCore(EngineConfig(model="unused", **config), loaded=loaded)
+    return EngineCore(EngineConfig(model="unused", **{"device": DEVICE, **config}), loaded=loaded)
 
 
 def run_to_completion(engine: EngineCore, requests: dict[str, tuple[list[int], SamplingParams]],
