@@ -46,7 +46,7 @@ class ScalingSpec:
     min_replicas: int
     max_replicas: int
     policy: str = COST_FIRST
-    target_queue_depth: float = 4.0  # cost-first: queued requests allowed per replica
+    target_queue_depth: float = 8.0  # cost-first: queued requests allowed per replica (the CRD default)
     scale_up_stabilization_s: float = 0.0  # scale up to the lowest recommendation of this window
     scale_down_stabilization_s: float = 300.0  # scale down to the highest recommendation of this window
     scale_to_zero_after_s: float = 600.0  # cost-first with min 0: no demand for this long before zero
