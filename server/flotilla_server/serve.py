@@ -75,7 +75,7 @@ def serve(settings: ServerSettings) -> int:
     name = settings.served_model_name or loaded.name
     state = ServerState(
         engine=engine, tokenizer=loaded.tokenizer, served_model_name=name, max_model_len=max_model_len,
-        vocab_size=loaded.config.vocab_size,
+        vocab_size=loaded.config.vocab_size, model_description=loaded.description,
         admission=AdmissionQueue(
             engine, depth=settings.queue_depth_per_slot * settings.max_num_seqs,
             max_overtakes=settings.max_num_seqs, queue_timeout_s=settings.queue_timeout_s,

@@ -24,6 +24,7 @@ class ServerState:
     max_model_len: int
     vocab_size: int
     admission: AdmissionQueue
+    model_description: str = ""  # shown in /v1/models; says "DEMONSTRATION model" for tiny
     metrics: ServerMetrics = field(init=False)
     created_s: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False

@@ -23,6 +23,7 @@ def _client(server) -> openai.OpenAI:
 def test_models_lists_the_served_model(server):
     models = _client(server).models.list()
     assert [m.id for m in models.data] == ["tiny"]
+    assert "DEMONSTRATION" in models.data[0].model_extra["description"]  # tiny says what it is wherever it appears
 
 
 def test_sdk_completions_stream_equals_non_stream(server):
