@@ -24,26 +24,25 @@ def usage(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, int]:
             "total_tokens": num_prompt_tokens + num_output_tokens}
 
 
-def completion_chunk(request_id: str, created: int, model: str, text: str,
-                     finish_reason: str | None = None, usage_: dict[str, int] | None = None) -> dict[str, Any]:
-    chunk: dict[str, Any] = {
-        "id": request_id, "object": "text_completion", "created": created, "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
-    }
+def _chunk(request_id: str, created: int, model: str, obj: str, choice: dict[str, Any],
+           usage_: dict[str, int] | None) -> dict[str, Any]:
+    chunk: dict[str, Any] = {"id": request_id, "object": obj, "created": created, "model": model,
+                             "choices": [{"index": 0, **choice}]}
     if usage_ is not None:
         chunk["usage"] = usage_
     return chunk
+
+
+def completion_chunk(request_id: str, created: int, model: str, text: str,
+                     finish_reason: str | None = None, usage_: dict[str, int] | None = None) -> dict[str, Any]:
+    return _chunk(request_id, created, model, "text_completion",
+                  {"text": text, "logprobs": None, "finish_reason": finish_reason}, usage_)
 
 
 def chat_chunk(request_id: str, created: int, model: str, delta: dict[str, str],
                finish_reason: str | None = None, usage_: dict[str, int] | None = None) -> dict[str, Any]:
-    chunk: dict[str, Any] = {
-        "id": request_id, "object": "chat.completion.chunk", "created": created, "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
-    }
-    if usage_ is not None:
-        chunk["usage"] = usage_
-    return chunk
+    return _chunk(request_id, created, model, "chat.completion.chunk",
+                  {"delta": delta, "logprobs": None, "finish_reason": finish_reason}, usage_)
 
 
 def completion_response(request_id: str, created: int, model: str, text: str, finish_reason: str,
