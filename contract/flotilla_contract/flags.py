@@ -1,0 +1,78 @@
+"""flotilla-server's flags and their defaults: the server parses them, the operator renders them.
+
+One table, so a renamed flag or a changed default cannot drift between the two programs; a test renders
+every example through the operator and parses the result with the server's own parser. Each flag can also
+be set from the environment variable named after it (`env_var`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+DEFAULT_PORT = 8000
+DEFAULT_MAX_NUM_SEQS = 64
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+DEFAULT_PREFILL_CHUNK = 512
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_QUEUE_DEPTH_PER_SLOT = 8
+DEFAULT_QUEUE_TIMEOUT_S = 30.0
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+DTYPES = ("float32", "bfloat16", "float16")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+Kind = Literal["str", "int", "float", "bytes"]
+
+
+@dataclass(frozen=True)
+class Flag:
+    flag: str  # as typed: --max-num-seqs
+    dest: str  # the settings field: max_num_seqs
+    kind: Kind  # how the text is parsed; "bytes" takes sizes such as 8Gi
+    default: str | int | float | None
+    help: str
+
+    @property
+    def env(self) -> str:
+        return env_var(self.flag)
+
+
+def env_var(flag: str) -> str:
+    """--kv-cache-memory → FLOTILLA_KV_CACHE_MEMORY: the variable is named after the flag users see."""
+    return "FLOTILLA_" + flag.removeprefix("--").upper().replace("-", "_")
+
+
+SERVER_FLAGS: tuple[Flag, ...] = (
+    Flag("--model", "model", "str", "tiny",
+         "A Hugging Face model directory, or 'tiny' (the built-in DEMONSTRATION model)."),
+    Flag("--served-model-name", "served_model_name", "str", None,
+         "Name clients send as `model`; default: the model's name."),
+    Flag("--host", "host", "str", "0.0.0.0", "Address to listen on."),
+    Flag("--port", "port", "int", DEFAULT_PORT, "TCP port to listen on."),
+    Flag("--max-num-seqs", "max_num_seqs", "int", DEFAULT_MAX_NUM_SEQS, "Slots: sequences the engine runs at once."),
+    Flag("--max-num-batched-tokens", "max_num_batched_tokens", "int", DEFAULT_MAX_NUM_BATCHED_TOKENS,
+         "Token budget of one engine step."),
+    Flag("--prefill-chunk", "prefill_chunk", "int", DEFAULT_PREFILL_CHUNK,
+         "Longest prefill piece of one sequence in one step."),
+    Flag("--block-size", "block_size", "int", DEFAULT_BLOCK_SIZE, "KV-cache positions per block (a power of two)."),
+    Flag("--num-kv-blocks", "num_kv_blocks", "int", None,
+         "KV-cache pool size in blocks (overrides --kv-cache-memory)."),
+    Flag("--kv-cache-memory", "kv_cache_memory_bytes", "bytes", None,
+         "KV-cache pool size in bytes, e.g. 8Gi; default: enough for every slot at --max-model-len."),
+    Flag("--max-model-len", "max_model_len", "int", None,
+         "Context limit (prompt + output tokens); default: the model's."),
+    Flag("--queue-depth-per-slot", "queue_depth_per_slot", "int", DEFAULT_QUEUE_DEPTH_PER_SLOT,
+         "Admission queue depth per slot; the queue holds this × --max-num-seqs before answering 429."),
+    Flag("--queue-timeout-s", "queue_timeout_s", "float", DEFAULT_QUEUE_TIMEOUT_S,
+         "Longest wait in the admission queue before 429, seconds."),
+    Flag("--drain-timeout-s", "drain_timeout_s", "float", DEFAULT_DRAIN_TIMEOUT_S,
+         "On SIGTERM, how long in-flight requests may take to finish before the process exits, seconds."),
+    Flag("--dtype", "dtype", "str", "float32", f"Weights and KV-cache dtype: {', '.join(DTYPES)}."),
+    Flag("--device", "device", "str", "cpu", "cpu or cuda[:N]."),
+    Flag("--max-body-bytes", "max_body_bytes", "bytes", DEFAULT_MAX_BODY_BYTES,
+         "Largest request body accepted; larger gets 413."),
+    Flag("--log-level", "log_level", "str", "info", f"{', '.join(LOG_LEVELS)}."),
+)
+
+FLAGS_BY_NAME = {f.flag: f for f in SERVER_FLAGS}

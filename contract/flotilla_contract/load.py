@@ -1,0 +1,40 @@
+"""The light load report each server publishes at LOAD_PATH, polled by the gateway several times a second.
+
+It carries what routing needs and nothing else: queue and slot figures, KV usage, whether the server takes
+new work, and the state of each model it can serve (one for a dedicated server, several in a pool).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+LOAD_PATH = "/flotilla/v1/load"
+
+ModelState = Literal["loaded", "loading", "available"]
+
+
+class ModelLoad(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    state: ModelState = "loaded"
+    waiting: int = Field(0, ge=0, description="Requests waiting for a slot of this model.")
+    running: int = Field(0, ge=0, description="Requests of this model holding a slot.")
+    last_used_s: float | None = Field(None, description="Seconds since this model last served a request.")
+    memory_bytes: int | None = Field(None, ge=0, description="Bytes this model holds (weights and KV pool).")
+
+
+class ServerLoad(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    ready: bool = Field(description="The server takes new requests (loaded, not draining).")
+    waiting: int = Field(ge=0, description="Requests waiting for a slot (admission queue plus preempted).")
+    running: int = Field(ge=0, description="Requests holding a slot.")
+    slots: int = Field(ge=0, description="Sequences the server runs at once (max_num_seqs, summed over models).")
+    queue_capacity: int = Field(ge=0, description="Requests the admission queue holds before answering 429.")
+    kv_usage: float = Field(ge=0.0, le=1.0, description="KV-cache blocks used ÷ total.")
+    models: list[ModelLoad] = Field(default_factory=list)
+    memory_budget_bytes: int | None = Field(None, ge=0, description="A pool server's memory budget.")
+    memory_free_bytes: int | None = Field(None, ge=0, description="Budget not held by loaded models.")

@@ -1,0 +1,21 @@
+"""Prometheus metric names that the server exports and the operator, gateway, dashboards and alerts read."""
+
+REQUESTS_WAITING = "flotilla_requests_waiting"
+REQUESTS_RUNNING = "flotilla_requests_running"
+SLOTS = "flotilla_slots"
+KV_BLOCKS_TOTAL = "flotilla_kv_blocks_total"
+KV_BLOCKS_USED = "flotilla_kv_blocks_used"
+KV_CACHE_USAGE_RATIO = "flotilla_kv_cache_usage_ratio"
+PREEMPTIONS = "flotilla_preemptions"
+
+# The Gateway API Inference Extension's model-server protocol, exported beside ours.
+VLLM_REQUESTS_WAITING = "vllm:num_requests_waiting"
+VLLM_REQUESTS_RUNNING = "vllm:num_requests_running"
+VLLM_KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+
+GATEWAY_REQUESTS_HELD = "flotilla_gateway_requests_held"  # the autoscaler's pending demand P
+
+MODEL_LABEL = "model"  # every server and gateway series carries the served model name
+MODEL_NAMESPACE_LABEL = "model_namespace"  # gateway series: the InferenceModel's namespace
+
+REJECTION_REASONS = ("queue_full", "queue_timeout", "infeasible", "draining", "client_gone", "slow_client")
