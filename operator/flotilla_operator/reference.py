@@ -44,7 +44,7 @@ PODS_TEXT = """\
 | `image` | init container `copy-model` copies `PATH` out of the model image into an `emptyDir` (works on every Kubernetes version, unlike image volumes) | `/models/model` |
 
 - Arguments: every `spec.server` field becomes the matching `flotilla-server` flag; defaults come from
-  `flotilla_server.config`. `kvCacheMemoryFraction` becomes `--kv-cache-memory` bytes: that share of
+  `flotilla_contract.flags`. `kvCacheMemoryFraction` becomes `--kv-cache-memory` bytes: that share of
   `resources.gpuMemory` on GPU pods (omitted when `gpuMemory` is unset) or of `resources.memory` on CPU pods.
 - Resources: requests equal limits; `nvidia.com/gpu` when `gpus > 0`, with `--device cuda`, bfloat16 by
   default, the `nvidia.com/gpu.product` node selector from `gpuType`, and a memory-backed `/dev/shm`.

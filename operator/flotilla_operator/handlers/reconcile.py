@@ -11,10 +11,11 @@ import logging
 from typing import Any
 
 import kopf
+from flotilla_contract.labels import INSTANCE_LABEL, MANAGED_BY_LABEL
 
 from flotilla_operator import metrics, reconciler, types
 from flotilla_operator.kube import KubeClient, KubeError, login
-from flotilla_operator.manifests import INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL
+from flotilla_operator.manifests import MANAGED_BY
 from flotilla_operator.settings import OperatorSettings
 
 MAX_BACKOFF_S = 60.0
