@@ -6,11 +6,11 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from flotilla_contract import flags as server_flags
+from flotilla_contract.sizes import parse_bytes
 from flotilla_operator import types
 from flotilla_operator.manifests import Owner, desired_children, desired_replicas
 from flotilla_operator.settings import DEFAULT_OPERATOR_IMAGE
-from flotilla_contract import flags as server_flags
-from flotilla_contract.sizes import parse_bytes
 from flotilla_server.cli import parse_settings
 
 from tests.support.examples import EXAMPLES, ROOT, load_example

@@ -448,11 +448,13 @@ class FlotillaEmulator(kmock.KubernetesEmulator):
         }
 
 
-def write_kubeconfig(path: Path, url: str, namespace: str = "default") -> Path:
+def write_kubeconfig(path: Path, url: str, namespace: str = "default", token_file: Path | None = None) -> Path:
+    """A kubeconfig for the emulator; `token_file`: the user's token is read from that file (tokenFile)."""
+    user = {"tokenFile": str(token_file)} if token_file else {"token": "emulator-token"}
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "emulator",
         "clusters": [{"name": "emulator", "cluster": {"server": url}}],
-        "users": [{"name": "emulator", "user": {"token": "emulator-token"}}],
+        "users": [{"name": "emulator", "user": user}],
         "contexts": [{"name": "emulator", "context": {"cluster": "emulator", "user": "emulator", "namespace": namespace}}],
     }))
     return path
@@ -530,13 +532,17 @@ class EmulatorHandle:
 
 @contextlib.contextmanager
 def serve(directory: Path, crds: list[dict[str, Any]] = (), monitoring: bool = False,
-          namespaces: tuple[str, ...] = ("default",), garbage_collection: bool = True) -> Iterator[EmulatorHandle]:
+          namespaces: tuple[str, ...] = ("default",), garbage_collection: bool = True,
+          emulator: FlotillaEmulator | None = None) -> Iterator[EmulatorHandle]:
     """Run an emulator on 127.0.0.1:<free port> in a thread; write `directory/kubeconfig` pointing at it.
 
     `crds` are registered (their schemas default and validate writes); `monitoring` also serves the
-    monitoring.coreos.com kinds, as if the Prometheus operator were installed.
+    monitoring.coreos.com kinds, as if the Prometheus operator were installed. `emulator`: a subclass
+    instance to serve instead (k8s_auth.TokenEmulator); one with a `token_file` gets a kubeconfig that
+    reads it, and the handle's own client sends the token in that file at each request.
     """
-    emulator = FlotillaEmulator(garbage_collection=garbage_collection)
+    if emulator is None:
+        emulator = FlotillaEmulator(garbage_collection=garbage_collection)
     for kind in BUILTIN_KINDS + (MONITORING_KINDS if monitoring else ()):
         emulator.register(kind)
     for crd in crds:
@@ -559,8 +565,15 @@ def serve(directory: Path, crds: list[dict[str, Any]] = (), monitoring: bool = F
     if not started.wait(10):
         raise RuntimeError("the Kubernetes emulator did not start within 10 s")
     url = holder["url"]
-    kubeconfig = write_kubeconfig(directory / "kubeconfig", url)
-    handle = EmulatorHandle(url, str(kubeconfig), emulator, httpx.Client(base_url=url, timeout=10))
+    token_file: Path | None = getattr(emulator, "token_file", None)
+    kubeconfig = write_kubeconfig(directory / "kubeconfig", url, token_file=token_file)
+
+    def authorize(request: httpx.Request) -> None:
+        if token_file is not None:
+            request.headers["Authorization"] = f"Bearer {token_file.read_text().strip()}"
+
+    http = httpx.Client(base_url=url, timeout=10, event_hooks={"request": [authorize]})
+    handle = EmulatorHandle(url, str(kubeconfig), emulator, http)
     for ns in namespaces:
         handle.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
     try:

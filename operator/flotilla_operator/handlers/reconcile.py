@@ -7,14 +7,15 @@ backoff; kopf retries them.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
 import kopf
 from flotilla_contract.labels import INSTANCE_LABEL, MANAGED_BY_LABEL
 
-from flotilla_operator import metrics, reconciler, types
-from flotilla_operator.kube import KubeClient, KubeError, login
+from flotilla_operator import credentials, metrics, reconciler, types
+from flotilla_operator.kube import KubeClient, KubeError
 from flotilla_operator.manifests import MANAGED_BY
 from flotilla_operator.settings import OperatorSettings
 
@@ -50,7 +51,7 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
         settings.persistence.finalizer = FINALIZER  # stops the drift timer cleanly on deletion
         settings.posting.level = logging.WARNING  # log lines above INFO become Events; actions post their own
         settings.watching.server_timeout = 300
-        kube = KubeClient(login())
+        kube = KubeClient(current=await asyncio.to_thread(credentials.login))  # an exec plugin may run: off the loop
         monitoring = await kube.has_api_group("monitoring.coreos.com/v1")
         memo.ctx = reconciler.Context(memo.settings, kube, monitoring)
         logger.info(f"ServiceMonitors {'enabled' if monitoring else 'disabled: monitoring.coreos.com/v1 not served'}")
