@@ -33,7 +33,7 @@ def test_every_rendered_flag_is_one_the_server_accepts(path):
 
 
 def test_the_operator_cli_loads_no_torch_and_no_server():
-    code = ("import sys, flotilla_operator.cli, flotilla_operator.runner; "
+    code = ("import sys, flotilla_operator.cli, flotilla_operator.runner, flotilla_operator.render; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'flotilla_server')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 0, result.stderr
