@@ -6,8 +6,13 @@ import copy
 
 import pytest
 from flotilla_operator import types
-from flotilla_operator.manifests import Owner, build_deployment, build_pdb, build_service
+from flotilla_operator.manifests import Owner, build_deployment, build_pdb, build_service, desired_children
 from flotilla_operator.plan import differing_paths, is_subset, key_of, plan
+from hypothesis import HealthCheck, given, settings
+
+from tests.operator.test_properties import specs
+from tests.support.crd_schema import admit
+from tests.support.examples import crd_schema
 
 OWNER = Owner("m", "default", "uid-1", types.parse_spec({"model": {"name": "m", "source": {"builtin": "tiny"}}}))
 DEPLOYMENT, SERVICE = build_deployment(OWNER, "img:1"), build_service(OWNER, "img:1")
@@ -104,3 +109,34 @@ def test_is_subset_compares_lists_elementwise():
 
 def test_differing_paths_name_the_fields():
     assert differing_paths({"a": {"b": 1, "c": 2}, "d": 3}, {"a": {"b": 1, "c": 9}}) == ["a.c", "d"]
+
+
+def children_for(spec: dict) -> list[dict]:
+    stored, errors = admit(crd_schema(), {"apiVersion": types.API_VERSION, "kind": types.KIND,
+                                          "metadata": {"name": "m", "namespace": "default"}, "spec": spec})
+    assert errors == []
+    return desired_children(Owner("m", "default", OWNER.uid, types.parse_spec(stored["spec"])), "img:1", monitoring=False)
+
+
+def carry_out(result, observed: dict) -> dict:
+    """What the API server holds after the plan, as `apply.execute` would leave it."""
+    after = dict(observed)
+    for action in result.actions:
+        key = (action.api_version, action.kind, action.name)
+        if action.verb == "delete":
+            del after[key]
+        else:
+            after[key] = served(action.body)
+    return after
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(specs(), specs())
+def test_one_plan_converges_and_keeps_what_is_wanted(before, now):
+    observed = {key_of(c): served(c) for c in children_for(before)}
+    desired = children_for(now)
+    result = plan(desired, observed, OWNER.uid)
+    wanted = {key_of(c) for c in desired}
+    assert all(a.reason for a in result.actions)
+    assert not any(a.verb == "delete" and (a.api_version, a.kind, a.name) in wanted for a in result.actions)
+    assert plan(desired, carry_out(result, observed), OWNER.uid).actions == ()  # nothing left to do
