@@ -17,7 +17,8 @@ from pathlib import Path
 import aiohttp.web
 import attrs
 
-from tests.support.k8s_emulator import ApiError, FlotillaEmulator
+from tests.support.k8s_apiserver import FlotillaEmulator
+from tests.support.k8s_kinds import ApiError
 
 
 @attrs.define(kw_only=True)
