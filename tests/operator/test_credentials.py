@@ -9,6 +9,7 @@ import functools
 import pytest
 from flotilla_operator import credentials
 from flotilla_operator.kube import KubeClient, KubeError
+from kubernetes.config import incluster_config
 
 from tests.support.examples import EXAMPLES, crd, load_example
 from tests.support.k8s_auth import TokenEmulator
@@ -76,3 +77,24 @@ def test_the_operator_keeps_working_when_its_token_rotates(tmp_path):
         assert "flotilla.dev/operator" in k8s.get(*IM, "after", "default")["metadata"].get("finalizers", [])  # kopf's own write
         assert emulator.unauthorized > refused_before, "the old token was never refused: the test proved nothing"
         assert op.process.poll() is None
+
+
+def test_in_cluster_service_account_comes_first(tmp_path, monkeypatch):
+    (tmp_path / "token").write_text("pod-token")
+    (tmp_path / "ca.crt").write_text("not checked until a TLS connection is made")
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(tmp_path / "token"))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(tmp_path / "ca.crt"))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "ignored"))
+    current = credentials.login()
+    assert current.server == "https://10.0.0.1:443"
+    assert current.authorization().lower() == "bearer pod-token"
+    info = credentials.connection_info(current)
+    assert (info.server, info.token, info.ca_path) == ("https://10.0.0.1:443", "pod-token", str(tmp_path / "ca.crt"))
+
+
+def test_kopf_gets_the_same_login_as_our_client(tmp_path):
+    with serve(tmp_path, emulator=TokenEmulator.for_file(tmp_path / "token")) as k8s:
+        info = credentials.connection_info(credentials.login(k8s.kubeconfig))
+        assert (info.server, info.scheme, info.token) == (k8s.url, "Bearer", k8s.emulator.token)
