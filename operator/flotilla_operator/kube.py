@@ -54,6 +54,8 @@ class KubeClient:
         self._login, self._timeout_s = login, timeout_s
         self._current = current or login()
         self._session = self._new_session()
+        self._retired: list[aiohttp.ClientSession] = []  # sessions of older TLS material, closed by close()
+        self._login_lock = asyncio.Lock()
         self.logins = 1  # how many times credentials were loaded (a 401 adds one)
 
     @property
@@ -76,25 +78,43 @@ class KubeClient:
             timeout=aiohttp.ClientTimeout(total=self._timeout_s), connector=aiohttp.TCPConnector(ssl=ssl_context),
         )
 
-    async def _log_in_again(self) -> None:
-        """Reload credentials from scratch (a rotated token file, a refreshed exec plugin login)."""
-        self._current = await asyncio.to_thread(self._login)  # exec plugins run a process: off the loop
-        old, self._session = self._session, self._new_session()
-        self.logins += 1
-        await old.close()
+    @staticmethod
+    def _tls_of(login: credentials.Login) -> tuple[Any, ...]:
+        c = login.configuration
+        return c.host, c.verify_ssl, c.ssl_ca_cert, c.cert_file, c.key_file
+
+    async def _log_in_again(self, refused: credentials.Login) -> None:
+        """Reload credentials from scratch (a rotated token file, a refreshed exec plugin login).
+
+        Rule: one login per refused credential. Requests refused together log in once; the others
+        retry with the login already made. Requests in flight keep their session: a session is
+        replaced only when the TLS material changed, and the old one is closed by close().
+        """
+        async with self._login_lock:
+            if self._current is not refused:
+                return  # another request already logged in again
+            fresh = await asyncio.to_thread(self._login)  # exec plugins run a process: off the loop
+            if self._tls_of(fresh) != self._tls_of(self._current):
+                self._retired.append(self._session)
+                self._current = fresh
+                self._session = self._new_session()
+            self._current = fresh
+            self.logins += 1
 
     async def close(self) -> None:
-        await self._session.close()
+        for session in [*self._retired, self._session]:
+            await session.close()
 
     async def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
                       params: dict[str, str] | None = None) -> dict[str, Any]:
         """One API call; on 401, log in again and retry it once."""
+        used = self._current
         try:
             return await self._request_once(method, path, body, content_type, params)
         except KubeError as error:
             if error.status != 401:
                 raise
-        await self._log_in_again()
+        await self._log_in_again(refused=used)
         return await self._request_once(method, path, body, content_type, params)
 
     async def _request_once(self, method: str, path: str, body: Any, content_type: str,

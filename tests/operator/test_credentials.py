@@ -41,6 +41,20 @@ def test_the_client_logs_in_again_after_a_401_and_retries_once(tmp_path):
     assert (logins, refused) == (2, 1)  # one 401, one new login, and the retry went through
 
 
+def test_requests_refused_together_log_in_once(tmp_path):
+    with serve(tmp_path, emulator=TokenEmulator.for_file(tmp_path / "token")) as k8s:
+        async def scenario() -> int:
+            kube = KubeClient(functools.partial(credentials.login, k8s.kubeconfig))
+            try:
+                k8s.emulator.rotate()
+                found = await asyncio.gather(*(kube.get("v1", "namespaces", None, "default") for _ in range(5)))
+                assert all(found)
+                return kube.logins
+            finally:
+                await kube.close()
+        assert asyncio.run(scenario()) == 2 and k8s.emulator.unauthorized == 5
+
+
 def test_a_401_after_logging_in_again_is_reported_not_looped(tmp_path):
     with serve(tmp_path, emulator=TokenEmulator.for_file(tmp_path / "token")) as k8s:
         async def scenario() -> None:
