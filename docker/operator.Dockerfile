@@ -1,8 +1,8 @@
 # flotilla-operator image: the control plane. Build from the repository root:
 #   docker build -f docker/operator.Dockerfile -t ghcr.io/flotilla-dev/flotilla-operator:0.1.0 .
-# The operator never loads a model, so the image leaves torch out: it installs the flotilla
-# distribution without dependencies, then only what flotilla_operator imports, at the versions in
-# constraints.txt. Pin the base by digest in your registry mirror: python:3.11.11-slim-bookworm@sha256:<digest>.
+# The operator never loads a model: the distribution's base install is torch-free (torch and the
+# model libraries are the `server` extra), so a plain install at the versions in constraints.txt is
+# enough, and the build checks that torch stayed out. Pin the base by digest in your registry mirror: python:3.11.11-slim-bookworm@sha256:<digest>.
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
@@ -10,12 +10,12 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/flotilla
 WORKDIR /src
 COPY constraints.txt pyproject.toml README.md ./
+COPY contract ./contract
 COPY server ./server
 COPY operator ./operator
-RUN /opt/flotilla/bin/pip install -c constraints.txt kopf pydantic pyyaml prometheus-client httpx aiohttp \
- && /opt/flotilla/bin/pip install --no-deps . \
+RUN /opt/flotilla/bin/pip install -c constraints.txt . \
  && /opt/flotilla/bin/flotilla-operator --help >/dev/null \
- && /opt/flotilla/bin/python -c "import flotilla_operator.runner" \
+ && /opt/flotilla/bin/python -c "import flotilla_operator.runner, flotilla_operator.render" \
  && ! /opt/flotilla/bin/python -c "import torch" 2>/dev/null
 
 FROM ${PYTHON_IMAGE} AS runtime

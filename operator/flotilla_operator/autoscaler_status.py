@@ -7,18 +7,10 @@ that a restart neither forgets a scale-down window (and collapses the fleet) nor
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 from flotilla_operator.autoscaler import AutoscalerState, Decision, Recommendation
-
-
-def format_time(time_s: float) -> str:
-    return datetime.fromtimestamp(time_s, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def parse_time(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+from flotilla_operator.rfc3339 import format_time, parse_time
 
 
 def state_from_status(autoscaler_status: dict[str, Any] | None) -> AutoscalerState:

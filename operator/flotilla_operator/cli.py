@@ -1,4 +1,8 @@
-"""`flotilla-operator`: parse flags, serve /metrics, and run the kopf operator with the handlers."""
+"""`flotilla-operator`: parse flags, serve /metrics, and run the kopf operator with the handlers.
+
+`flotilla-operator render -f FILE.yaml` prints the children an InferenceModel would get (render.py).
+Bare flags, as the image runs it, run the operator: the subcommand is recognised by its first word.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import argparse
 import logging
 import sys
 
+from flotilla_operator import render
 from flotilla_operator.settings import OperatorSettings
 from flotilla_operator.types import DEFAULT_SERVER_IMAGE
 
@@ -15,7 +20,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="flotilla-operator",
         formatter_class=lambda prog: argparse.HelpFormatter(prog, width=100),  # stable text for docs
         description="Reconcile InferenceModel resources into fleets of flotilla-server pods. "
-        "Logs in with the in-cluster service account, or the standard kubeconfig ($KUBECONFIG, ~/.kube/config).",
+        "Logs in with the in-cluster service account, or the standard kubeconfig ($KUBECONFIG, ~/.kube/config; "
+        "tokens, token files, client certificates and exec plugins), and logs in again when the API server answers 401.",
+        epilog="To see the Deployment, Service, PodDisruptionBudget and ServiceMonitor a model would get, without a "
+        "cluster: flotilla-operator render -f FILE.yaml [--service-monitor] (flotilla-operator render --help).",
     )
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument("--namespace", "-n", action="append", default=[], help="watch this namespace (repeatable)")
@@ -45,6 +53,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def build_render_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="flotilla-operator render",
+        formatter_class=lambda prog: argparse.HelpFormatter(prog, width=100),
+        description="Print the children an InferenceModel would get (Service, Deployment, PodDisruptionBudget, "
+        "ServiceMonitor when asked), defaults applied, as multi-document YAML, as `helm template` does. "
+        "No cluster is needed.",
+    )
+    render.add_arguments(parser, DEFAULT_SERVER_IMAGE)
+    return parser
+
+
 def settings_from_args(args: argparse.Namespace) -> OperatorSettings:
     return OperatorSettings(
         namespaces=tuple(args.namespace),
@@ -62,6 +82,9 @@ def settings_from_args(args: argparse.Namespace) -> OperatorSettings:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["render"]:
+        return render.run(build_render_parser().parse_args(argv[1:]))
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

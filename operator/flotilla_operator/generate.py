@@ -26,7 +26,7 @@ def rendered_files() -> dict[Path, str]:
     """Every generated file, relative to the repository root, with its exact content."""
     crd_text = HEADER + yaml.safe_dump(crd.build_crd(), sort_keys=False, width=100)
     files = {path: crd_text for path in CRD_PATHS}
-    files[OPERATOR_DOC] = reference.render(cli.build_parser().format_help())
+    files[OPERATOR_DOC] = reference.render(cli.build_parser().format_help(), cli.build_render_parser().format_help())
     files[PLACEMENT_DOC] = placement_doc.render()
     return files
 

@@ -1,21 +1,24 @@
-"""A small async Kubernetes API client for the reconciler (kopf brings no client of its own).
+"""A small async Kubernetes API client for the reconciler and autoscaler, on kopf's event loop.
 
-It logs in the way kopf does (in-cluster service account first, then the standard kubeconfig) and
-speaks plain JSON over aiohttp. Errors carry the API server's status, reason and message;
-`KubeError.transient` tells a retry-worthy failure (throttling, 5xx, conflicts, network) from a
-final one.
+Requests are plain JSON over aiohttp; credentials come from the `kubernetes` package's loaders
+(credentials.py). The Authorization header is taken fresh on every request, and a 401 logs in again
+and retries that request once, so rotated service-account tokens and expiring exec-plugin logins keep
+working (docs/architecture.md, "Credentials"). Errors carry the API server's status, reason and
+message; `KubeError.transient` tells a retry-worthy failure (throttling, 5xx, conflicts, network)
+from a final one.
 """
 
 from __future__ import annotations
 
-import base64
+import asyncio
 import json
 import ssl
-import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
-import kopf
+
+from flotilla_operator import credentials
 
 MERGE_PATCH = "application/merge-patch+json"
 TRANSIENT_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -44,44 +47,82 @@ def api_path(api_version: str, plural: str, namespace: str | None = None, name: 
     return "/".join(parts)
 
 
-def _material(data: str | bytes | None, path: Any) -> str | None:
-    """A file path for certificate material given inline (base64, as kubeconfig has it) or as a path."""
-    if path:
-        return str(path)
-    if not data:
-        return None
-    raw = base64.b64decode(data) if isinstance(data, str) and "-----BEGIN" not in data else (
-        data.encode() if isinstance(data, str) else data)
-    handle = tempfile.NamedTemporaryFile(delete=False, suffix=".pem")  # noqa: SIM115 (kept for the session)
-    handle.write(raw)
-    handle.close()
-    return handle.name
-
-
 class KubeClient:
-    def __init__(self, info: kopf.ConnectionInfo, timeout_s: float = 30.0) -> None:
-        self.server = info.server.rstrip("/")
-        headers = {"Accept": "application/json", "User-Agent": "flotilla-operator"}
-        if info.token:
-            headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
-        auth = aiohttp.BasicAuth(info.username, info.password or "") if info.username else None
-        ssl_context: ssl.SSLContext | bool = False if info.insecure else ssl.create_default_context(
-            cafile=_material(info.ca_data, info.ca_path))
-        cert = _material(info.certificate_data, info.certificate_path)
-        if cert and isinstance(ssl_context, ssl.SSLContext):
-            ssl_context.load_cert_chain(cert, _material(info.private_key_data, info.private_key_path))
-        self._session = aiohttp.ClientSession(
-            headers=headers, auth=auth, timeout=aiohttp.ClientTimeout(total=timeout_s),
-            connector=aiohttp.TCPConnector(ssl=ssl_context if self.server.startswith("https") else False),
+    def __init__(self, login: Callable[[], credentials.Login] = credentials.login,
+                 current: credentials.Login | None = None, timeout_s: float = 30.0) -> None:
+        """`login` is called again after a 401; `current` is a login already made (else `login()` now)."""
+        self._login, self._timeout_s = login, timeout_s
+        self._current = current or login()
+        self._session = self._new_session()
+        self._retired: list[aiohttp.ClientSession] = []  # sessions of older TLS material, closed by close()
+        self._login_lock = asyncio.Lock()
+        self.logins = 1  # how many times credentials were loaded (a 401 adds one)
+
+    @property
+    def server(self) -> str:
+        return self._current.server
+
+    def _new_session(self) -> aiohttp.ClientSession:
+        configuration = self._current.configuration
+        ssl_context: ssl.SSLContext | bool = False
+        if self.server.startswith("https"):
+            if configuration.verify_ssl:
+                ssl_context = ssl.create_default_context(cafile=configuration.ssl_ca_cert)
+            else:
+                ssl_context = ssl.create_default_context()
+                ssl_context.check_hostname, ssl_context.verify_mode = False, ssl.CERT_NONE
+            if configuration.cert_file:
+                ssl_context.load_cert_chain(configuration.cert_file, configuration.key_file)
+        return aiohttp.ClientSession(
+            headers={"Accept": "application/json", "User-Agent": "flotilla-operator"},
+            timeout=aiohttp.ClientTimeout(total=self._timeout_s), connector=aiohttp.TCPConnector(ssl=ssl_context),
         )
 
+    @staticmethod
+    def _tls_of(login: credentials.Login) -> tuple[Any, ...]:
+        c = login.configuration
+        return c.host, c.verify_ssl, c.ssl_ca_cert, c.cert_file, c.key_file
+
+    async def _log_in_again(self, refused: credentials.Login) -> None:
+        """Reload credentials from scratch (a rotated token file, a refreshed exec plugin login).
+
+        Rule: one login per refused credential. Requests refused together log in once; the others
+        retry with the login already made. Requests in flight keep their session: a session is
+        replaced only when the TLS material changed, and the old one is closed by close().
+        """
+        async with self._login_lock:
+            if self._current is not refused:
+                return  # another request already logged in again
+            fresh = await asyncio.to_thread(self._login)  # exec plugins run a process: off the loop
+            if self._tls_of(fresh) != self._tls_of(self._current):
+                self._retired.append(self._session)
+                self._current = fresh
+                self._session = self._new_session()
+            self._current = fresh
+            self.logins += 1
+
     async def close(self) -> None:
-        await self._session.close()
+        for session in [*self._retired, self._session]:
+            await session.close()
 
     async def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
                       params: dict[str, str] | None = None) -> dict[str, Any]:
+        """One API call; on 401, log in again and retry it once."""
+        used = self._current
+        try:
+            return await self._request_once(method, path, body, content_type, params)
+        except KubeError as error:
+            if error.status != 401:
+                raise
+        await self._log_in_again(refused=used)
+        return await self._request_once(method, path, body, content_type, params)
+
+    async def _request_once(self, method: str, path: str, body: Any, content_type: str,
+                            params: dict[str, str] | None) -> dict[str, Any]:
         data = json.dumps(body) if body is not None else None
         headers = {"Content-Type": content_type} if data is not None else {}
+        if authorization := self._current.authorization():
+            headers["Authorization"] = authorization
         try:
             async with self._session.request(method, self.server + path, data=data, headers=headers,
                                              params=params) as response:
@@ -136,12 +177,3 @@ class KubeClient:
                 return False
             raise
         return True
-
-
-def login() -> kopf.ConnectionInfo:
-    """In-cluster service account first, then the kubeconfig, as kopf itself does."""
-    settings = kopf.OperatorSettings()
-    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(settings=settings)
-    if info is None:
-        raise kopf.PermanentError("no credentials: run in a pod with a service account, or set KUBECONFIG")
-    return info

@@ -10,15 +10,23 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from flotilla_contract.labels import (
+    COMPONENT_LABEL,
+    INSTANCE_LABEL,
+    MANAGED_BY_LABEL,
+    MODEL_LABEL,
+    NAME_LABEL,
+    PART_OF_LABEL,
+    SERVER_APP_NAME,
+    VERSION_LABEL,
+)
+
 from flotilla_operator import types
 from flotilla_operator.model_source import render_source
 from flotilla_operator.placement import GPU_RESOURCE, render_placement
 from flotilla_operator.server_args import PORT, render_server_args
 
 MANAGED_BY = "flotilla-operator"
-INSTANCE_LABEL = "app.kubernetes.io/instance"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MODEL_LABEL = "flotilla.dev/model"  # the served model name, for Prometheus relabelling and dashboards
 RUN_AS_USER = 65532  # the non-root user both images create (docker/*.Dockerfile)
 PROBE_PERIOD_S = 10
 DRAIN_MARGIN_S = 15  # grace beyond the server's drain, for the process to exit after it
@@ -45,7 +53,7 @@ def image_tag(image: str) -> str:
 
 def pod_selector(name: str) -> dict[str, str]:
     """The labels selecting the pods of the InferenceModel `name`; immutable once a Deployment exists."""
-    return {"app.kubernetes.io/name": "flotilla-server", INSTANCE_LABEL: name}
+    return {NAME_LABEL: SERVER_APP_NAME, INSTANCE_LABEL: name}
 
 
 def pod_selector_string(name: str) -> str:
@@ -59,9 +67,9 @@ def selector_labels(owner: Owner) -> dict[str, str]:
 def labels(owner: Owner, image: str) -> dict[str, str]:
     return {
         **selector_labels(owner),
-        "app.kubernetes.io/version": image_tag(image)[:63],
-        "app.kubernetes.io/component": "inference-server",
-        "app.kubernetes.io/part-of": "flotilla",
+        VERSION_LABEL: image_tag(image)[:63],
+        COMPONENT_LABEL: "inference-server",
+        PART_OF_LABEL: "flotilla",
         MANAGED_BY_LABEL: MANAGED_BY,
     }
 

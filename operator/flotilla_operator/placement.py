@@ -1,4 +1,4 @@
-"""Placement policy: the DESIGN.md table (latency-first vs cost-first) rendered into pod-template fields.
+"""Placement policy: the placement table of docs/placement.md (latency-first vs cost-first) as pod-template fields.
 
 A pure function of the policy, the pods' selector labels, the GPU request and the user's
 overrides. The manifest builders splice its result into the Deployment and decide the PDB from it.
@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from flotilla_contract.labels import PART_OF_LABEL, POOL_LABEL
+
 from flotilla_operator.types import PlacementSpec
 
 LATENCY_FIRST = "latency-first"
 COST_FIRST = "cost-first"
 
-POOL_LABEL = "flotilla.dev/pool"  # node label and taint key of Flotilla's node pools
-PART_OF_LABEL = "app.kubernetes.io/part-of"
 HOSTNAME_KEY = "kubernetes.io/hostname"
 ZONE_KEY = "topology.kubernetes.io/zone"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"

@@ -1,25 +1,25 @@
-"""The reconcile loop body: gather facts, apply the desired children, write the status we own.
+"""The reconcile loop body: gather facts, plan, apply the plan, write the status we own.
 
 Every entry point (create, update, resume, the drift timer, child Deployment events) lands here,
-so they all converge on the same state. Decisions live in pure modules (manifests, apply.plan_child,
-status); this module only sequences API calls around them.
+so they all converge on the same state. Decisions live in pure modules (manifests, plan.plan,
+status.compute_status); this module only sequences API calls around them (docs/architecture.md,
+"Control plane").
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import kopf
 import pydantic
 
-from flotilla_operator import metrics, types
-from flotilla_operator.apply import apply_child, prune_children
-from flotilla_operator.kube import KubeClient, KubeError
+from flotilla_operator import metrics, rfc3339, types
+from flotilla_operator.apply import execute, observe
+from flotilla_operator.events import object_ref, post_event
+from flotilla_operator.kube import KubeClient
 from flotilla_operator.manifests import (
     Owner,
     desired_children,
@@ -27,12 +27,14 @@ from flotilla_operator.manifests import (
     endpoint,
     pod_selector_string,
 )
+from flotilla_operator.plan import plan
 from flotilla_operator.settings import OperatorSettings
 from flotilla_operator.status import Observed, Problem, compute_status, status_changed
+from flotilla_operator.status_writer import write_status as write_model_status
 
 PRUNABLE_KINDS = (("policy/v1", "PodDisruptionBudget"),)  # the only child a spec change can make unwanted
 NOT_PROBLEMS = ("AsExpected", "ReplicasLost")  # Degraded reasons that come from observation, not from the spec
-STATUS_WRITE_ATTEMPTS = 4
+PAST_TENSE = {"create": "Created", "update": "Updated", "delete": "Deleted"}
 
 
 @dataclass
@@ -46,16 +48,6 @@ class Context:
 
     def lock(self, namespace: str, name: str) -> asyncio.Lock:
         return self.locks.setdefault((namespace, name), asyncio.Lock())
-
-
-def now_rfc3339() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def object_ref(namespace: str, name: str, uid: str) -> dict[str, Any]:
-    """A minimal body for kopf's event posting."""
-    return {"apiVersion": types.API_VERSION, "kind": types.KIND,
-            "metadata": {"name": name, "namespace": namespace, "uid": uid}}
 
 
 async def find_problems(kube: KubeClient, namespace: str, spec: types.InferenceModelSpec) -> list[Problem]:
@@ -89,27 +81,21 @@ async def reconcile(ctx: Context, body: dict[str, Any], logger: logging.Logger |
     desired = desired_children(owner, ctx.settings.default_image, ctx.monitoring)
     if problems:  # pods that cannot start are not created; the Service and PDB are harmless
         desired = [child for child in desired if child["kind"] != "Deployment"]
-    for child in desired:
-        kind, child_name = child["kind"], child["metadata"]["name"]
-        try:
-            action, _ = await apply_child(ctx.kube, child)
-        except KubeError as error:
-            if error.transient:
-                raise
-            problems.append(Problem("ChildRejected", f"the API server refused {kind} {child_name}: {error.message}"))
-            continue
-        if action != "keep":
-            verb = "Created" if action == "create" else "Updated"
-            logger.info(f"{verb.lower()} {kind} {namespace}/{child_name}")
-            kopf.event(ref, type="Normal", reason=verb, message=f"{verb} {kind} {child_name}")
-    for deleted in await prune_children(ctx.kube, namespace, name, uid, desired, PRUNABLE_KINDS):
-        kopf.event(ref, type="Normal", reason="Deleted", message=f"Deleted {deleted}: the spec no longer asks for it")
+    observed = await observe(ctx.kube, namespace, name, desired, PRUNABLE_KINDS)
+    the_plan = plan(desired, observed, uid)
+    outcome = await execute(ctx.kube, the_plan)
+    for action, error in outcome.refused:
+        problems.append(Problem("ChildRejected", f"the API server refused {action.kind} {action.name}: {error.message}"))
+    for action in outcome.done:
+        verb = PAST_TENSE[action.verb]
+        logger.info(f"{verb.lower()} {action.kind} {namespace}/{action.name}: {action.reason}")
+        await post_event(ctx.kube, ref, "Normal", verb, f"{verb} {action.kind} {action.name}: {action.reason}")
     previous = await write_status(ctx, namespace, name, problems, meta.get("generation"))
     old_messages = _problem_messages(previous)
     for problem in problems:
         if problem.message not in old_messages:
             logger.info(f"cannot honour the spec: {problem.message}")
-            kopf.event(ref, type="Warning", reason=problem.reason, message=problem.message)
+            await post_event(ctx.kube, ref, "Warning", problem.reason, problem.message)
 
 
 def _problem_messages(status: dict[str, Any] | None) -> str:
@@ -135,19 +121,13 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
     `applied_generation` is the spec generation just applied; None (a Deployment event) keeps the
     last one recorded, so observedGeneration never claims a spec that was not reconciled yet.
 
-    Returns the status as it was before. Writes carry the resourceVersion they were computed from,
-    so a concurrent writer (the autoscaler) is never overwritten: on conflict, re-read and retry.
+    Returns the status as it was before (status_writer.write_status: one read-compute-write, retried on conflict).
     """
-    for _ in range(STATUS_WRITE_ATTEMPTS):
-        obj = await ctx.kube.get(types.API_VERSION, types.PLURAL, namespace, name)
-        if obj is None or obj["metadata"].get("deletionTimestamp"):
-            return None
+    async def compute(obj: dict[str, Any]) -> dict[str, Any] | None:
         previous = obj.get("status") or {}
         try:
             spec = types.parse_spec(obj.get("spec") or {})
-            desired = desired_replicas(spec)
-            max_replicas = spec.scaling.max_replicas
-            served_name = spec.model.name
+            desired, max_replicas, served_name = desired_replicas(spec), spec.scaling.max_replicas, spec.model.name
         except pydantic.ValidationError:
             desired, max_replicas = int((obj.get("spec") or {}).get("replicas") or 0), 0
             served_name = name
@@ -160,21 +140,14 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
             problems=tuple(_known_problems(previous) if problems is None else problems),
             previous_status=previous,
         )
-        new = compute_status(observed, endpoint(name, namespace), pod_selector_string(name), now_rfc3339())
+        new = compute_status(observed, endpoint(name, namespace), pod_selector_string(name), rfc3339.now())
         # label `model` is the served name, as on the servers' own metrics, so dashboards can join them
         metrics.DESIRED_REPLICAS.labels(namespace=namespace, model=served_name).set(desired)
         metrics.READY_REPLICAS.labels(namespace=namespace, model=served_name).set(new["readyReplicas"])
         metrics.MAX_REPLICAS.labels(namespace=namespace, model=served_name).set(max_replicas)
-        if not status_changed(previous, new):
-            return previous
-        patch = {"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}, "status": new}
-        try:
-            await ctx.kube.patch(types.API_VERSION, types.PLURAL, namespace, name, patch, subresource="status")
-            return previous
-        except KubeError as error:
-            if error.status != 409:
-                raise
-    raise KubeError(409, "Conflict", f"status of {namespace}/{name} kept changing under us; will retry")
+        return new if status_changed(previous, new) else None
+
+    return await write_model_status(ctx.kube, namespace, name, compute)
 
 
 def forget(namespace: str, served_name: str) -> None:

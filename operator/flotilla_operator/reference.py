@@ -44,7 +44,7 @@ PODS_TEXT = """\
 | `image` | init container `copy-model` copies `PATH` out of the model image into an `emptyDir` (works on every Kubernetes version, unlike image volumes) | `/models/model` |
 
 - Arguments: every `spec.server` field becomes the matching `flotilla-server` flag; defaults come from
-  `flotilla_server.config`. `kvCacheMemoryFraction` becomes `--kv-cache-memory` bytes: that share of
+  `flotilla_contract.flags`. `kvCacheMemoryFraction` becomes `--kv-cache-memory` bytes: that share of
   `resources.gpuMemory` on GPU pods (omitted when `gpuMemory` is unset) or of `resources.memory` on CPU pods.
 - Resources: requests equal limits; `nvidia.com/gpu` when `gpus > 0`, with `--device cuda`, bfloat16 by
   default, the `nvidia.com/gpu.product` node selector from `gpuType`, and a memory-backed `/dev/shm`.
@@ -125,7 +125,24 @@ def field_table(schema: dict[str, Any], prefix: str) -> tuple[list[str], list[st
     return rows, rules
 
 
-def render(cli_help: str) -> str:
+RENDER_TEXT = """\
+### See the children before applying: `flotilla-operator render`
+
+`flotilla-operator render -f FILE.yaml` prints, as multi-document YAML on stdout, the children each
+InferenceModel in `FILE.yaml` would get: the Service, the Deployment, the PodDisruptionBudget
+(latency-first) and, with `--service-monitor`, the ServiceMonitor, with every default applied, as
+`helm template` does. It needs no cluster: it runs the operator's own builders. With no cluster there
+is no uid for the owner references, so they are left out unless the input has `metadata.uid`; and
+since no cluster can be asked whether `monitoring.coreos.com/v1` is served, `--service-monitor` says so.
+
+```sh
+flotilla-operator render -f examples/tiny-cpu.yaml
+flotilla-operator render -f examples/llama-3.1-8b-latency-first.yaml --service-monitor | kubectl apply --dry-run=server -f -
+```
+"""
+
+
+def render(cli_help: str, render_help: str) -> str:
     """The whole docs/operator.md."""
     schema = crd.open_api_schema()["properties"]
     spec_rows, spec_rules = field_table(schema["spec"], "spec")
@@ -149,6 +166,11 @@ def render(cli_help: str) -> str:
         "\n## Command line\n",
         "```text",
         cli_help.rstrip(),
+        "```",
+        "",
+        RENDER_TEXT,
+        "```text",
+        render_help.rstrip(),
         "```",
         "",
     ])

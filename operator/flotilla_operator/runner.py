@@ -8,7 +8,7 @@ from typing import Any
 import kopf
 import prometheus_client
 
-from flotilla_operator import handlers
+from flotilla_operator import credentials, handlers
 from flotilla_operator.settings import OperatorSettings
 
 
@@ -16,9 +16,9 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
     @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        """The in-cluster service account first, then the standard kubeconfig."""
-        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        """The same loaders as our own client (credentials.py); kopf calls this again after a 401."""
+        return credentials.connection_info(credentials.login())
 
     handlers.register_all(registry, settings)
     return registry

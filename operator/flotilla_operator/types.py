@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from flotilla_server import config as server_config
+from flotilla_contract import flags as server_flags
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
@@ -202,16 +202,16 @@ class ServerSpec(ApiModel):
     )
 
     max_num_seqs: int = Field(
-        server_config.DEFAULT_MAX_NUM_SEQS, description="maxNumSeqs is the slots: sequences running at once per replica.", ge=1, le=4096
+        server_flags.DEFAULT_MAX_NUM_SEQS, description="maxNumSeqs is the slots: sequences running at once per replica.", ge=1, le=4096
     )
     max_batched_tokens: int = Field(
-        server_config.DEFAULT_MAX_NUM_BATCHED_TOKENS, description="maxBatchedTokens is the token budget of one engine step.", ge=1
+        server_flags.DEFAULT_MAX_NUM_BATCHED_TOKENS, description="maxBatchedTokens is the token budget of one engine step.", ge=1
     )
     prefill_chunk: int = Field(
-        server_config.DEFAULT_PREFILL_CHUNK, description="prefillChunk is the longest prefill piece of one sequence in one step.", ge=1
+        server_flags.DEFAULT_PREFILL_CHUNK, description="prefillChunk is the longest prefill piece of one sequence in one step.", ge=1
     )
     block_size: int = Field(
-        server_config.DEFAULT_BLOCK_SIZE, description="blockSize is the KV positions per cache block (a power of two).", ge=1, le=256
+        server_flags.DEFAULT_BLOCK_SIZE, description="blockSize is the KV positions per cache block (a power of two).", ge=1, le=256
     )
     kv_cache_memory_fraction: float | None = Field(
         None,
@@ -221,13 +221,13 @@ class ServerSpec(ApiModel):
     )
     max_model_len: int | None = Field(None, description="maxModelLen caps the context length; unset takes the model's own.", ge=1)
     queue_depth_per_slot: int = Field(
-        server_config.DEFAULT_QUEUE_DEPTH_PER_SLOT, description="queueDepthPerSlot bounds the admission queue at this many waiting requests per slot.", ge=0
+        server_flags.DEFAULT_QUEUE_DEPTH_PER_SLOT, description="queueDepthPerSlot bounds the admission queue at this many waiting requests per slot.", ge=0
     )
     queue_timeout_seconds: float = Field(
-        server_config.DEFAULT_QUEUE_TIMEOUT_S, description="queueTimeoutSeconds is how long a request may wait before it gets 429.", gt=0
+        server_flags.DEFAULT_QUEUE_TIMEOUT_S, description="queueTimeoutSeconds is how long a request may wait before it gets 429.", gt=0
     )
     drain_timeout_seconds: float = Field(
-        server_config.DEFAULT_DRAIN_TIMEOUT_S, description="drainTimeoutSeconds is how long in-flight requests may finish after SIGTERM.", ge=0, le=3600
+        server_flags.DEFAULT_DRAIN_TIMEOUT_S, description="drainTimeoutSeconds is how long in-flight requests may finish after SIGTERM.", ge=0, le=3600
     )
     dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         None, description="dtype of weights and KV cache; unset means bfloat16 on GPU and float32 on CPU."

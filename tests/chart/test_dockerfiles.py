@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import re
 import sys
+import tomllib
 
 import pytest
 
@@ -14,7 +15,7 @@ from tests.chart.render import REPO_ROOT
 DOCKERFILES = {name: REPO_ROOT / "docker" / f"{name}.Dockerfile" for name in ("server", "operator")}
 PINNED_BASE = re.compile(r"^ARG PYTHON_IMAGE=python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?$", re.M)
 IMPORT_TO_DISTRIBUTION = {"yaml": "pyyaml", "prometheus_client": "prometheus-client"}
-FIRST_PARTY = {"flotilla_operator", "flotilla_server"}
+FIRST_PARTY = {"flotilla_operator", "flotilla_server", "flotilla_contract"}
 
 
 @pytest.mark.parametrize("name", sorted(DOCKERFILES))
@@ -35,7 +36,7 @@ def test_server_image_pins_torch_through_constraints() -> None:
     assert "torch==2.13.0" in (REPO_ROOT / "constraints.txt").read_text().splitlines()
     assert re.search(r'pip install --index-url "\$\{TORCH_INDEX_URL\}" -c constraints\.txt torch==2\.13\.0', text)
     assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in text
-    assert "pip install -c constraints.txt ." in text
+    assert "pip install -c constraints.txt '.[server]'" in text
 
 
 def third_party_imports(paths: list) -> set[str]:
@@ -49,13 +50,21 @@ def third_party_imports(paths: list) -> set[str]:
     return found - set(sys.stdlib_module_names) - FIRST_PARTY - {"__future__"}
 
 
-def test_operator_image_installs_every_operator_import_and_no_torch() -> None:
+def base_dependencies() -> set[str]:
+    """The distributions of pyproject's base install (no extras), by name."""
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    return {re.split(r"[<>=!~\[ ;]", spec, maxsplit=1)[0].lower() for spec in project["dependencies"]}
+
+
+def test_operator_image_is_a_plain_torch_free_install_of_what_the_operator_imports() -> None:
     text = DOCKERFILES["operator"].read_text()
-    (packages,) = re.findall(r"pip install -c constraints\.txt ([a-z0-9 -]+) \\", text)
-    installed = set(packages.split())
+    assert "--no-deps" not in text, "the base install is torch-free: install it plainly"
+    assert re.search(r"pip install -c constraints\.txt \. ", text), "the operator image installs the base distribution"
+    installed = base_dependencies()
     sources = sorted((REPO_ROOT / "operator" / "flotilla_operator").rglob("*.py"))
-    sources.append(REPO_ROOT / "server" / "flotilla_server" / "config.py")  # the operator reads its defaults
+    sources += sorted((REPO_ROOT / "contract" / "flotilla_contract").rglob("*.py"))
     needed = {IMPORT_TO_DISTRIBUTION.get(m, m) for m in third_party_imports(sources)}
-    assert needed <= installed, f"operator image lacks {sorted(needed - installed)}"
-    assert "torch" not in installed
-    assert "pip install --no-deps ." in text
+    assert needed <= installed, f"pyproject's base dependencies lack {sorted(needed - installed)}"
+    assert not {"torch", "safetensors", "tokenizers"} & installed
+    for path in ("contract", "operator"):
+        assert f"COPY {path} ./{path}" in text

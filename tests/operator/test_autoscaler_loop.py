@@ -5,15 +5,15 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import kopf
 import pytest
 import yaml
-from flotilla_operator import types
+from flotilla_operator import credentials, types
 from flotilla_operator.handlers.autoscale import autoscale_once
 from flotilla_operator.kube import KubeClient
 from flotilla_operator.prometheus import RUNNING, SLOTS, WAITING, PrometheusClient
@@ -87,7 +87,7 @@ def deployment(k8s, ready: int) -> None:
 
 
 async def tick(k8s, prom_url: str, now_s: float) -> dict:
-    kube = KubeClient(kopf.ConnectionInfo(server=k8s.url))
+    kube = KubeClient(functools.partial(credentials.login, k8s.kubeconfig))
     prometheus = PrometheusClient(prom_url, timeout_s=2.0)
     try:
         ctx = Context(OperatorSettings(namespaces=(NS,)), kube, monitoring=False)

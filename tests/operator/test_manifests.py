@@ -6,11 +6,11 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
+from flotilla_contract import flags as server_flags
+from flotilla_contract.sizes import parse_bytes
 from flotilla_operator import types
 from flotilla_operator.manifests import Owner, desired_children, desired_replicas
-from flotilla_operator.server_args import quantity_bytes
 from flotilla_operator.settings import DEFAULT_OPERATOR_IMAGE
-from flotilla_server import config as server_config
 from flotilla_server.cli import parse_settings
 
 from tests.support.examples import EXAMPLES, ROOT, load_example
@@ -83,7 +83,7 @@ def test_llama_example_gpu_huggingface_latency_first():
     args = server["args"]
     assert flag(args, "--model") == "/models/model"
     assert flag(args, "--device") == "cuda" and flag(args, "--dtype") == "bfloat16"
-    assert int(flag(args, "--kv-cache-memory")) == quantity_bytes("40Gi")  # 0.5 of 80Gi
+    assert int(flag(args, "--kv-cache-memory")) == parse_bytes("40Gi")  # 0.5 of 80Gi
     assert flag(args, "--max-model-len") == "8192" and flag(args, "--queue-timeout-s") == "10"
     download = pod["initContainers"][0]
     assert download["command"][:3] == ["hf", "download", "meta-llama/Llama-3.1-8B-Instruct"]
@@ -152,12 +152,12 @@ def test_image_source_copies_the_model_in_an_init_container():
         kubernetes_validate.validate(deployment, version, strict=True)
 
 
-def test_defaults_come_from_the_server_config():
+def test_defaults_come_from_the_contract_flag_table():
     args = container(children(owner_of({"metadata": {"name": "m", "namespace": "d"},
                                          "spec": {"model": {"name": "m", "source": {"builtin": "tiny"}}}}))["Deployment"])["args"]
-    assert flag(args, "--max-num-seqs") == str(server_config.DEFAULT_MAX_NUM_SEQS)
-    assert flag(args, "--max-num-batched-tokens") == str(server_config.DEFAULT_MAX_NUM_BATCHED_TOKENS)
-    assert flag(args, "--block-size") == str(server_config.DEFAULT_BLOCK_SIZE)
+    assert flag(args, "--max-num-seqs") == str(server_flags.DEFAULT_MAX_NUM_SEQS)
+    assert flag(args, "--max-num-batched-tokens") == str(server_flags.DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    assert flag(args, "--block-size") == str(server_flags.DEFAULT_BLOCK_SIZE)
     assert "--kv-cache-memory" not in args  # unset fraction: the server sizes its own pool
 
 

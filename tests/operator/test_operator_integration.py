@@ -96,7 +96,7 @@ def test_applying_an_example_creates_the_right_children(cluster, path):
     assert status["phase"] == "Progressing"
     events = k8s.list("v1", "events", "default")
     reasons = {(e["reason"], e["message"]) for e in events if e["involvedObject"]["name"] == name}
-    assert ("Created", "Created Deployment " + name) in reasons
+    assert ("Created", f"Created Deployment {name}: Deployment {name} does not exist") in reasons
 
 
 def test_spec_change_updates_the_same_deployment_in_place(cluster):

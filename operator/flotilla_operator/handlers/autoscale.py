@@ -15,7 +15,7 @@ from typing import Any
 import kopf
 import pydantic
 
-from flotilla_operator import autoscaler, metrics, types
+from flotilla_operator import autoscaler, metrics, rfc3339, types
 from flotilla_operator.autoscaler_status import (
     SCALING_DISABLED,
     VALID_METRIC_FOUND,
@@ -25,12 +25,13 @@ from flotilla_operator.autoscaler_status import (
     state_from_status,
     status_patch,
 )
+from flotilla_operator.events import object_ref, post_event
 from flotilla_operator.kube import KubeError
 from flotilla_operator.prometheus import PoolSample, PrometheusClient, PrometheusError
-from flotilla_operator.reconciler import Context, now_rfc3339, object_ref
+from flotilla_operator.reconciler import Context
 from flotilla_operator.settings import OperatorSettings
+from flotilla_operator.status_writer import write_status
 
-STATUS_WRITE_ATTEMPTS = 3
 NO_DATA = "no_data"  # PROMETHEUS_QUERY_FAILURES reason: the query worked but no ready replica reported
 
 
@@ -53,25 +54,6 @@ def pool_metrics(sample: PoolSample | None, spec: types.InferenceModelSpec) -> a
         slots_per_replica=sample.slots_per_replica or spec.server.max_num_seqs,  # no replica: the spec's slots
         replicas_reporting=sample.replicas_reporting,
     )
-
-
-async def post_event(ctx: Context, ref: dict[str, Any], type_: str, reason: str, message: str) -> None:
-    """A core/v1 Event on the model; losing one is logged by the caller's error path, never fatal."""
-    meta = ref["metadata"]
-    now = now_rfc3339()
-    event = {
-        "apiVersion": "v1", "kind": "Event",
-        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
-        "involvedObject": {"apiVersion": ref["apiVersion"], "kind": ref["kind"], "name": meta["name"],
-                           "namespace": meta["namespace"], "uid": meta["uid"]},
-        "type": type_, "reason": reason, "message": message[:1024],
-        "source": {"component": "flotilla-operator"}, "reportingComponent": "flotilla-operator",
-        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-    }
-    try:
-        await ctx.kube.create("v1", "events", meta["namespace"], event)
-    except KubeError as error:
-        logging.getLogger(__name__).warning(f"could not post the {reason} event: {error}")
 
 
 async def measure(prometheus: PrometheusClient, namespace: str, model: str,
@@ -136,12 +118,12 @@ async def _decide_and_apply(ctx: Context, namespace: str, name: str, sample: Poo
         await ctx.kube.patch(types.API_VERSION, types.PLURAL, namespace, name,
                              {"spec": {"replicas": decision.desired_replicas}}, subresource="scale")
         logger.info(f"autoscaler: {current} -> {decision.desired_replicas}: {decision.message}")
-        await post_event(ctx, ref, "Normal", decision.reason,
+        await post_event(ctx.kube, ref, "Normal", decision.reason,
                          f"{current} -> {decision.desired_replicas}: {decision.message}")
 
     unavailable = decision.reason == autoscaler.REASON_METRICS_UNAVAILABLE
     if unavailable and scaling_active(status.get("conditions")) is not False:
-        await post_event(ctx, ref, "Warning", autoscaler.REASON_METRICS_UNAVAILABLE, decision.message)
+        await post_event(ctx.kube, ref, "Warning", autoscaler.REASON_METRICS_UNAVAILABLE, decision.message)
     previous = status.get("autoscaler") or {}
     autoscaler_status = status_patch(decision, current, sample.waiting if sample else None, now_s,
                                      previous.get("lastScaleTime"))
@@ -154,27 +136,16 @@ async def _decide_and_apply(ctx: Context, namespace: str, name: str, sample: Poo
 
 async def _write_status(ctx: Context, namespace: str, name: str, autoscaler_status: dict[str, Any] | None,
                         ok: bool, reason: str, message: str) -> None:
-    """Write status.autoscaler and ScalingActive against the version just read; re-read on conflict."""
-    for _ in range(STATUS_WRITE_ATTEMPTS):
-        obj = await ctx.kube.get(types.API_VERSION, types.PLURAL, namespace, name)
-        if obj is None:
-            return
+    """Write status.autoscaler and ScalingActive against the version just read (status_writer retries on conflict)."""
+    async def compute(obj: dict[str, Any]) -> dict[str, Any] | None:
         status = obj.get("status") or {}
-        conditions = scaling_condition(status.get("conditions"), ok, reason, message, now_rfc3339(),
+        conditions = scaling_condition(status.get("conditions"), ok, reason, message, rfc3339.now(),
                                        obj["metadata"].get("generation", 1))
-        new: dict[str, Any] = {"conditions": conditions}
-        if autoscaler_status is not None:
-            new["autoscaler"] = autoscaler_status
-        elif status.get("conditions") == conditions:
-            return  # nothing changed
-        patch = {"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}, "status": new}
-        try:
-            await ctx.kube.patch(types.API_VERSION, types.PLURAL, namespace, name, patch, subresource="status")
-            return
-        except KubeError as error:
-            if error.status != 409:
-                raise
-    raise KubeError(409, "Conflict", f"status of {namespace}/{name} kept changing; the next tick retries")
+        if autoscaler_status is None and status.get("conditions") == conditions:
+            return None  # nothing changed
+        return {"conditions": conditions} | ({"autoscaler": autoscaler_status} if autoscaler_status is not None else {})
+
+    await write_status(ctx.kube, namespace, name, compute)
 
 
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:

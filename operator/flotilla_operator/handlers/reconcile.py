@@ -7,14 +7,17 @@ backoff; kopf retries them.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
 import kopf
+from flotilla_contract.labels import INSTANCE_LABEL, MANAGED_BY_LABEL
 
-from flotilla_operator import metrics, reconciler, types
-from flotilla_operator.kube import KubeClient, KubeError, login
-from flotilla_operator.manifests import INSTANCE_LABEL, MANAGED_BY, MANAGED_BY_LABEL
+from flotilla_operator import credentials, metrics, reconciler, types
+from flotilla_operator.events import object_ref, post_event
+from flotilla_operator.kube import KubeClient, KubeError
+from flotilla_operator.manifests import MANAGED_BY
 from flotilla_operator.settings import OperatorSettings
 
 MAX_BACKOFF_S = 60.0
@@ -47,9 +50,9 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=STORAGE_PREFIX)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=STORAGE_PREFIX)
         settings.persistence.finalizer = FINALIZER  # stops the drift timer cleanly on deletion
-        settings.posting.level = logging.WARNING  # log lines above INFO become Events; actions post their own
+        settings.posting.enabled = False  # one way to post Events: events.post_event (log lines stay logs)
         settings.watching.server_timeout = 300
-        kube = KubeClient(login())
+        kube = KubeClient(current=await asyncio.to_thread(credentials.login))  # an exec plugin may run: off the loop
         monitoring = await kube.has_api_group("monitoring.coreos.com/v1")
         memo.ctx = reconciler.Context(memo.settings, kube, monitoring)
         logger.info(f"ServiceMonitors {'enabled' if monitoring else 'disabled: monitoring.coreos.com/v1 not served'}")
@@ -92,8 +95,8 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
                     return
                 if event["type"] == "DELETED":  # recreate now rather than at the next drift tick
                     logger.info(f"Deployment {namespace}/{owner} was deleted; recreating it")
-                    kopf.event(reconciler.object_ref(namespace, owner, model["metadata"]["uid"]), type="Warning",
-                               reason="Recreating", message="the Deployment was deleted by someone else")
+                    await post_event(ctx.kube, object_ref(namespace, owner, model["metadata"]["uid"]), "Warning",
+                                     "Recreating", "the Deployment was deleted by someone else")
                     await reconciler.reconcile(ctx, model, logger)
                 else:
                     await reconciler.write_status(ctx, namespace, owner, problems=None)
