@@ -40,7 +40,7 @@ def test_offline_refuses_an_unknown_workload_size(capsys) -> None:
 
 def test_kv_utilization_and_forward_fraction_use_only_the_steps_they_name() -> None:
     from flotilla_server.bench.offline import forward_fraction, kv_utilization
-    from flotilla_server.outputs import StepRecord
+    from flotilla_server.engine.outputs import StepRecord
 
     def rec(running, waiting, held, allocated, decode, prefill_seqs, fwd, dur):
         return StepRecord(dur, fwd, decode, 0, decode, num_prefill_seqs=prefill_seqs, num_running=running,
