@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+
 from flotilla_server.engine.sampling import make_generator, sample
 from flotilla_server.engine.scheduler import StepPlan
 from flotilla_server.model import AttentionBatch, DecoderModel, KVCacheTensors

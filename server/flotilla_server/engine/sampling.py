@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
 from flotilla_server.engine.sampling_params import SamplingParams
 
 

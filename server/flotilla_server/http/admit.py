@@ -7,6 +7,7 @@ refusal's rejection reason is counted here, its status code by the error handler
 from __future__ import annotations
 
 from fastapi import Request
+
 from flotilla_server.engine.client import RequestStream
 from flotilla_server.http.admission import ClientGone, QueueFull, QueueTimeout
 from flotilla_server.http.errors import APIError

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+
 from flotilla_server.http.body_guard import BodyGuard
 from flotilla_server.http.errors import install_error_handlers
 from flotilla_server.http.routes import include_routers

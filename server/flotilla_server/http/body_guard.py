@@ -11,8 +11,9 @@ import json
 from collections.abc import Callable
 
 from flotilla_contract.flags import DEFAULT_MAX_BODY_BYTES
-from flotilla_server.http.errors import error_body
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from flotilla_server.http.errors import error_body
 
 _DISCARD_FACTOR = 16  # beyond this many limits of excess, stop reading and just answer
 

@@ -10,6 +10,7 @@ import time
 
 from fastapi import Request
 from fastapi.responses import Response
+
 from flotilla_server.http.accounting import Outcome
 from flotilla_server.http.admit import admit
 from flotilla_server.http.job import Job

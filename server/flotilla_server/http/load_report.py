@@ -8,6 +8,7 @@ engine's short state lock (never held across a forward pass), so polling it cost
 from __future__ import annotations
 
 from flotilla_contract.load import ModelLoad, ServerLoad
+
 from flotilla_server.engine.outputs import EngineStats
 
 

@@ -8,6 +8,7 @@ import time
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
+
 from flotilla_server.engine.client import RequestStream, TokenEvent
 from flotilla_server.http import sse
 from flotilla_server.http.accounting import Outcome, Timing

@@ -14,6 +14,7 @@ import signal
 from types import FrameType
 
 import uvicorn
+
 from flotilla_server.engine.client import EngineClient
 from flotilla_server.http.admission import AdmissionQueue
 from flotilla_server.http.app import create_app

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flotilla_contract import flags as f
+
 from flotilla_server.engine.config import EngineConfig
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 
+from starlette.types import ASGIApp, Receive, Scope, Send
+
 from flotilla_server.http.errors import error_body
 from flotilla_server.http.refusals import (
     DRAINING_HEADERS,
@@ -20,7 +22,6 @@ from flotilla_server.http.refusals import (
     retry_after_s,
 )
 from flotilla_server.http.state import ServerState
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 

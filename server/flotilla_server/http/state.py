@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, Request
+
 from flotilla_server.engine.client import EngineClient
 from flotilla_server.http.admission import AdmissionQueue
 from flotilla_server.http.metrics import ServerMetrics, StateSnapshot

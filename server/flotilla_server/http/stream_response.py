@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
+
 from flotilla_server.http.sse import SSE_HEADERS
 
 

@@ -20,7 +20,17 @@ _WHERE = {
     "load_model": ".loader",
 }
 
-__all__ = sorted(_WHERE)
+__all__ = [
+    "AttentionBatch",
+    "DecoderModel",
+    "KVCacheTensors",
+    "LoadedModel",
+    "ModelConfig",
+    "Tokenizer",
+    "UnsupportedModelError",
+    "load_model",
+]
+assert sorted(__all__) == sorted(_WHERE)
 
 if TYPE_CHECKING:
     from .attention import AttentionBatch

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import FastAPI
+
 from flotilla_server.http.routes import chat, completions, health, load, models
 
 

@@ -6,6 +6,7 @@ import uuid
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+
 from flotilla_server.http.errors import APIError
 from flotilla_server.http.generation import generate
 from flotilla_server.http.job import Job

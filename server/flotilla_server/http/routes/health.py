@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
-from flotilla_server.http.state import State
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from flotilla_server.http.state import State
 
 router = APIRouter(tags=["health"])
 

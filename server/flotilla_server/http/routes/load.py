@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import Response
 from flotilla_contract.load import LOAD_PATH, ServerLoad
+
 from flotilla_server.http.load_report import server_load
 from flotilla_server.http.state import State
 

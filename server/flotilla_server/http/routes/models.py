@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
+
 from flotilla_server.http.state import State
 
 router = APIRouter(tags=["models"])
