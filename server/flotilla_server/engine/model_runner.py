@@ -1,4 +1,4 @@
-"""The batch executor (mechanism): a StepPlan becomes tensors, one forward pass, sampled tokens.
+"""The model runner (mechanism): a StepPlan becomes tensors, one forward pass, sampled tokens.
 
 It owns the model, the KV tensors and the per-request sampling generators; it makes no decision.
 """

@@ -1,7 +1,7 @@
 """Scheduling policy: who is admitted, what each step computes, whom to preempt.
 
-The scheduler never touches a tensor. Each step it returns a `StepPlan`; the executor carries
-it out and hands the sampled tokens back to `update`. Rules (DESIGN.md, "Scheduler: policy"):
+The scheduler never touches a tensor. Each step it returns a `StepPlan`; the model runner carries
+it out and hands the sampled tokens back to `update`. Rules (docs/architecture.md, "Design rules: scheduler"):
 
 - Admission, FIFO by ticket: a free slot, plus free blocks for the whole prompt and a reserve
   (the reserve is checked, never allocated). Blocks promised to prefills already admitted count

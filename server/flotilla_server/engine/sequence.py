@@ -1,6 +1,6 @@
 """A request's state inside the engine: its tokens, its place in the KV pool, its lifecycle.
 
-`Sequence` holds state only; the scheduler decides, the pool allocates, the executor computes.
+`Sequence` holds state only; the scheduler decides, the pool allocates, the model runner computes.
 """
 
 from __future__ import annotations

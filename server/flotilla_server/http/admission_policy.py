@@ -1,6 +1,6 @@
 """The admission queue's decisions, kept free of asyncio and the engine so they can be tested exhaustively.
 
-The rules (DESIGN.md, "Admission queue"): FIFO by ticket; when the head cannot be admitted, later
+The rules (docs/architecture.md, "Design rules: admission"): FIFO by ticket; when the head cannot be admitted, later
 arrivals may overtake it at most ``max_overtakes`` times, after which the head reserves capacity and
 nobody else enters until it does. Whether a request fits is never decided here: the caller passes
 ``try_admit``, which asks the engine (admissibility is computed from state, never from counted signals).
