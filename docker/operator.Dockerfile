@@ -10,6 +10,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/flotilla
 WORKDIR /src
 COPY constraints.txt pyproject.toml README.md ./
+COPY contract ./contract
 COPY server ./server
 COPY operator ./operator
 RUN /opt/flotilla/bin/pip install -c constraints.txt kopf pydantic pyyaml prometheus-client httpx aiohttp \

@@ -14,6 +14,7 @@ COPY constraints.txt ./
 # torch first and alone, from its own index, so the version in constraints.txt is the one installed.
 RUN /opt/flotilla/bin/pip install --index-url "${TORCH_INDEX_URL}" -c constraints.txt torch==2.13.0
 COPY pyproject.toml README.md ./
+COPY contract ./contract
 COPY server ./server
 COPY operator ./operator
 RUN /opt/flotilla/bin/pip install -c constraints.txt . \
