@@ -7,6 +7,8 @@ import json
 import pytest
 from flotilla_server.bench.cli import main
 
+pytestmark = pytest.mark.slow  # tens of seconds here; -m 'not slow' skips it
+
 
 def test_offline_quick_smoke(tmp_path, capsys) -> None:
     out, png = tmp_path / "offline.json", tmp_path / "offline.png"

@@ -8,10 +8,13 @@ import signal
 import time
 from urllib.parse import urlparse
 
+import pytest
 from flotilla_contract.load import LOAD_PATH, ServerLoad
 
 from tests.server.http import raw_http
 from tests.server.http.server_process import run_server
+
+pytestmark = pytest.mark.slow  # tens of seconds here; -m 'not slow' skips it
 
 STREAMS, MAX_TOKENS = 8, 300
 
