@@ -1,4 +1,4 @@
-"""One shared flotilla-server process on tiny for the HTTP tests that do not need special flags."""
+"""One shared flotilla-server process on tiny for the HTTP and online-bench tests that need no special flags."""
 
 from __future__ import annotations
 
