@@ -2,7 +2,7 @@
 
 Written once and used by both places that refuse (the load shedder at the door, before the body is read;
 admission, after it), and by both renderings of an aborted generation (one JSON body, an SSE error chunk).
-Every message says what the client should do next (docs/architecture.md, "Design rules").
+Every message says what the client should do next (docs/architecture.md, "Design rules: admission").
 """
 
 from __future__ import annotations
