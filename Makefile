@@ -30,8 +30,10 @@ $(HELM): scripts/install-helm.sh | $(STAMP)
 run: setup
 	$(VENV)/bin/flotilla-server --model tiny --host 127.0.0.1 --port 8000
 
+# lint: ruff, then the import contracts of .importlinter (the layers of docs/architecture.md)
 lint: setup
 	$(VENV)/bin/ruff check .
+	PYTHONPATH="$(CURDIR)/contract:$(CURDIR)/server:$(CURDIR)/operator$${PYTHONPATH:+:$$PYTHONPATH}" $(VENV)/bin/lint-imports
 
 test: setup tools lint
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(VENV)/bin/pytest

@@ -7,12 +7,21 @@ and deletes it at the end, so the pod runner stops its servers before the next s
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from e2e.harness import Loop, whole_loop
 
 AUTOSCALE_INTERVAL_S = 2.0  # --autoscale-interval-s for the whole suite
+_HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under e2e/ is marked `e2e` (`pytest -m "not e2e"` skips the whole loop)."""
+    for item in items:
+        if _HERE in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,7 @@ def exported_names(registry: CollectorRegistry) -> set[str]:
 
 def system_series() -> set[str]:
     from flotilla_operator import metrics as operator_metrics
-    from flotilla_server.metrics import ServerMetrics, StateSnapshot
+    from flotilla_server.http.metrics import ServerMetrics, StateSnapshot
 
     server = ServerMetrics("m", lambda: StateSnapshot(0, 0, 1, 1, 0, 0))
     operator = CollectorRegistry()

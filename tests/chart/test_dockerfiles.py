@@ -15,7 +15,7 @@ from tests.chart.render import REPO_ROOT
 DOCKERFILES = {name: REPO_ROOT / "docker" / f"{name}.Dockerfile" for name in ("server", "operator")}
 PINNED_BASE = re.compile(r"^ARG PYTHON_IMAGE=python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?$", re.M)
 IMPORT_TO_DISTRIBUTION = {"yaml": "pyyaml", "prometheus_client": "prometheus-client"}
-FIRST_PARTY = {"flotilla_operator", "flotilla_server", "flotilla_contract"}
+FIRST_PARTY = {"flotilla_contract", "flotilla_operator", "flotilla_server"}
 
 
 @pytest.mark.parametrize("name", sorted(DOCKERFILES))

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from flotilla_contract.flags import DTYPES
 
 from flotilla_server.bench.offline_report import plot_results, print_table
 from flotilla_server.bench.workloads import (
@@ -43,11 +44,11 @@ from flotilla_server.bench.workloads import (
     num_parameters,
     to_transformers,
 )
-from flotilla_server.config import EngineConfig
-from flotilla_server.engine_core import EngineCore
+from flotilla_server.engine.config import EngineConfig
+from flotilla_server.engine.core import EngineCore
+from flotilla_server.engine.outputs import StepRecord
+from flotilla_server.engine.sampling_params import SamplingParams
 from flotilla_server.model import LoadedModel
-from flotilla_server.outputs import StepRecord
-from flotilla_server.sampling_params import SamplingParams
 
 MODES = ("continuous", "static", "static_unpadded", "sequential", "transformers")
 # the rectangle's padding token: the id the `transformers` mode pads with too (cost matters, not content)
@@ -228,7 +229,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--threads", type=int, default=DEFAULT_THREADS,
       help="torch CPU threads (default 1: steady figures on a shared machine); 0: torch's own choice.")
     a("--device", default="cpu", help="cpu or cuda[:N].")
-    a("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="Model and KV dtype.")
+    a("--dtype", default="float32", choices=DTYPES, help="Model and KV dtype.")
     a("--json", type=Path, default=None, help="Write the figures here as JSON.")
     a("--plot", type=Path, default=None, help="Write a PNG of throughput by mode here.")
 

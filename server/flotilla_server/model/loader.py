@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from flotilla_contract.flags import DTYPES
 from safetensors import safe_open
 
 from .config import ModelConfig
@@ -23,7 +24,7 @@ from .tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {name: getattr(torch, name) for name in DTYPES}  # the names are the contract's
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,9 @@ class LoadedModel:
 
 
 def torch_dtype(dtype: str) -> torch.dtype:
-    if dtype not in DTYPES:
+    if dtype not in TORCH_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    return DTYPES[dtype]
+    return TORCH_DTYPES[dtype]
 
 
 def load_model(model: str, dtype: str = "float32", device: str = "cpu") -> LoadedModel:

@@ -9,10 +9,10 @@ import os
 from pathlib import Path
 
 import pytest
-from flotilla_server.config import EngineConfig
-from flotilla_server.engine_core import EngineCore
+from flotilla_server.engine.config import EngineConfig
+from flotilla_server.engine.core import EngineCore
+from flotilla_server.engine.sampling_params import SamplingParams
 from flotilla_server.model import LoadedModel, load_model
-from flotilla_server.sampling_params import SamplingParams
 
 from tests.support.hf_models import make_hf_model_dir
 

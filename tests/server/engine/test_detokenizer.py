@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from flotilla_server.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from flotilla_server.engine.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from flotilla_server.engine.sampling_params import SamplingParams
+from flotilla_server.engine.stopping import find_stop, partial_stop_len, token_finish_reason
 from flotilla_server.model.tiny import build_tiny_tokenizer
-from flotilla_server.sampling_params import SamplingParams
-from flotilla_server.stopping import find_stop, partial_stop_len, token_finish_reason
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from flotilla_server.sampling_params import SamplingParams
+from flotilla_server.engine.sampling_params import SamplingParams
 
 from tests.support.hf_models import random_prompts
 

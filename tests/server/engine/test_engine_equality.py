@@ -6,7 +6,7 @@ The engine here is the whole path: scheduler, block pool, executor, sampling, st
 from __future__ import annotations
 
 import pytest
-from flotilla_server.sampling_params import SamplingParams
+from flotilla_server.engine.sampling_params import SamplingParams
 
 from tests.support.hf_models import hf_greedy, random_prompts
 

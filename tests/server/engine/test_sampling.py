@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import torch
-from flotilla_server.sampling import make_generator, sample
-from flotilla_server.sampling_params import SamplingParams
+from flotilla_server.engine.sampling import make_generator, sample
+from flotilla_server.engine.sampling_params import SamplingParams
 
 
 def test_greedy_is_argmax_row_by_row() -> None:

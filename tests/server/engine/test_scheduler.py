@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from flotilla_server.kv_pool import BlockPool, PoolExhausted
-from flotilla_server.sampling_params import SamplingParams
-from flotilla_server.scheduler import Scheduler, infeasible_reason
-from flotilla_server.sequence import Sequence, SequenceStatus
+from flotilla_server.engine.kv_pool import BlockPool, PoolExhausted
+from flotilla_server.engine.sampling_params import SamplingParams
+from flotilla_server.engine.scheduler import Scheduler, infeasible_reason
+from flotilla_server.engine.sequence import Sequence, SequenceStatus
 
 
 def seq(rid: str, prompt_len: int, max_tokens: int = 100) -> Sequence:

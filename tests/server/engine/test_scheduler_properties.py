@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import random
 
-from flotilla_server.kv_pool import BlockPool
-from flotilla_server.sampling_params import SamplingParams
-from flotilla_server.scheduler import Scheduler, infeasible_reason
-from flotilla_server.sequence import Sequence, SequenceStatus
+from flotilla_server.engine.kv_pool import BlockPool
+from flotilla_server.engine.sampling_params import SamplingParams
+from flotilla_server.engine.scheduler import Scheduler, infeasible_reason
+from flotilla_server.engine.sequence import Sequence, SequenceStatus
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 

@@ -6,17 +6,17 @@ import asyncio
 import threading
 
 import pytest
-from flotilla_server.admission import AdmissionQueue, ClientGone, QueueFull, QueueTimeout
-from flotilla_server.config import EngineConfig
-from flotilla_server.engine_core import EngineCore
-from flotilla_server.engine_factory import ServerEngine
-from flotilla_server.sampling_params import SamplingParams
+from flotilla_server.engine.config import EngineConfig
+from flotilla_server.engine.core import EngineCore
+from flotilla_server.engine.factory import EngineClient
+from flotilla_server.engine.sampling_params import SamplingParams
+from flotilla_server.http.admission import AdmissionQueue, ClientGone, QueueFull, QueueTimeout
 
 LONG = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
 SHORT = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
 
 
-class _HookedEngine(ServerEngine):
+class _HookedEngine(EngineClient):
     """The real engine, plus a callback the moment a request is admitted (to stage exact races)."""
 
     on_admit = None

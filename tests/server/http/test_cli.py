@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import pytest
-from flotilla_server.cli import _FLAGS, build_parser, env_var, parse_bytes, parse_settings
+from flotilla_contract.flags import SERVER_FLAGS
+from flotilla_server.cli import build_parser, env_var, parse_bytes, parse_settings
+from flotilla_server.http.settings import ServerSettings
 
 ISSUE_FLAGS = ["--model", "--served-model-name", "--host", "--port", "--max-num-seqs", "--max-num-batched-tokens",
                "--prefill-chunk", "--block-size", "--num-kv-blocks", "--kv-cache-memory", "--max-model-len",
@@ -14,14 +18,23 @@ def test_every_issue_flag_exists_with_help_and_env_var():
     help_text = build_parser({}).format_help()
     for flag in ISSUE_FLAGS:
         assert flag in help_text
-    for flag, _, _, text in _FLAGS:
-        assert text and env_var(flag) in help_text
+    for flag in SERVER_FLAGS:
+        assert flag.help and env_var(flag.flag) in help_text
     assert env_var("--kv-cache-memory") == "FLOTILLA_KV_CACHE_MEMORY"
 
 
 def test_defaults():
     s = parse_settings([], {})
     assert (s.model, s.port, s.queue_depth_per_slot, s.queue_timeout_s) == ("tiny", 8000, 8, 30.0)
+
+
+def test_settings_and_the_contract_table_name_the_same_fields_and_defaults():
+    assert [f.name for f in fields(ServerSettings)] == [flag.dest for flag in SERVER_FLAGS]
+    base = ServerSettings()
+    for flag in SERVER_FLAGS:
+        assert getattr(base, flag.dest) == flag.default, flag.flag
+    parsed = parse_settings([], {})
+    assert parsed == base
 
 
 def test_env_fallback_and_flag_precedence():

@@ -8,8 +8,13 @@ import signal
 import time
 from urllib.parse import urlparse
 
+import pytest
+from flotilla_contract.load import LOAD_PATH, ServerLoad
+
 from tests.server.http import raw_http
 from tests.server.http.server_process import run_server
+
+pytestmark = pytest.mark.slow  # tens of seconds here; -m 'not slow' skips it
 
 STREAMS, MAX_TOKENS = 8, 300
 
@@ -39,14 +44,17 @@ def test_sigterm_drains_in_flight_streams(tmp_path):
             server.proc.send_signal(signal.SIGTERM)
             await asyncio.sleep(0.2)
             ready = await raw_http.post(host, port, "/readyz", b"", method="GET")
+            load = await raw_http.post(host, port, LOAD_PATH, b"", method="GET")
             refused = await raw_http.post(host, port, "/v1/completions",
                                           {"model": "tiny", "prompt": "late", "max_tokens": 4})
             health = await raw_http.post(host, port, "/healthz", b"", method="GET")
             results = await asyncio.gather(*tasks)
-            return ready, refused, health, results
+            return ready, load, refused, health, results
 
-        ready, refused, health, results = asyncio.run(go())
+        ready, load, refused, health, results = asyncio.run(go())
         assert ready.status == 503 and json.loads(ready.body)["status"] == "draining"
+        report = ServerLoad.model_validate_json(load.body)
+        assert load.status == 200 and not report.ready and report.running == STREAMS  # the gateway stops sending
         assert refused.status == 503 and json.loads(refused.body)["error"]["code"] == "draining"
         assert health.status == 200  # alive while draining: liveness must not kill a draining pod
         for r in results:

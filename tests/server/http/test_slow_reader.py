@@ -14,6 +14,8 @@ import pytest
 from tests.server.http import raw_http
 from tests.server.http.server_process import run_server
 
+pytestmark = pytest.mark.slow  # tens of seconds here; -m 'not slow' skips it
+
 FAST_CLIENTS, FAST_TOKENS, SLOW_TOKENS = 4, 400, 1900
 
 

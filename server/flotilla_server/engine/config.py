@@ -1,0 +1,54 @@
+"""Engine configuration: one dataclass whose invariants are checked once, at construction.
+
+Torch-free: the defaults are the contract's (flotilla_contract.flags), the one table the server's flags
+and the operator's rendered arguments share (docs/architecture.md, "Layers").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flotilla_contract.flags import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    DEFAULT_MAX_NUM_SEQS,
+    DEFAULT_PREFILL_CHUNK,
+    DTYPES,
+)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "tiny"  # a Hugging Face directory, or "tiny" (the embedded demonstration model)
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS  # slots: sequences running at once
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS  # token budget of one step
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # longest prefill piece of one sequence in one step
+    block_size: int = DEFAULT_BLOCK_SIZE  # KV positions per block
+    num_kv_blocks: int | None = None  # pool size in blocks; None sizes it from kv_cache_memory_bytes
+    kv_cache_memory_bytes: int | None = None  # pool size in bytes; None with num_kv_blocks None: enough for every slot at max_model_len
+    max_model_len: int | None = None  # context limit; None takes the model's own
+    dtype: str = "float32"
+    device: str = "cpu"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+        if self.max_num_batched_tokens < max(self.prefill_chunk, self.max_num_seqs):
+            raise ValueError(
+                "max_num_batched_tokens must be >= prefill_chunk and >= max_num_seqs "
+                f"(got {self.max_num_batched_tokens}, prefill_chunk={self.prefill_chunk}, "
+                f"max_num_seqs={self.max_num_seqs})"
+            )
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
+            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
+            raise ValueError(f"kv_cache_memory_bytes must be >= 1, got {self.kv_cache_memory_bytes}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")

@@ -1,0 +1,55 @@
+"""What the engine reports: per-request outputs, per-step records, live statistics.
+
+Plain dataclasses shared by the engine, the HTTP server, the metrics and the benchmarks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """One step's news for one request: the new tokens and the text now safe to show."""
+
+    request_id: str
+    token_ids: list[int]  # new this step
+    text: str  # new this step; never half a character, never part of a stop string
+    finished: bool
+    finish_reason: str | None  # "stop", "length", "abort"
+    num_prompt_tokens: int
+    num_output_tokens: int  # so far, including this step's
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One engine step, handed to step listeners on the engine thread."""
+
+    duration_s: float  # whole step: schedule, inputs, forward, sampling, update, detokenize
+    forward_s: float  # inside the model: forward and logits
+    num_tokens: int
+    num_prefill_tokens: int
+    num_decode_seqs: int
+    num_prefill_seqs: int = 0  # sequences with a prefill chunk in this step
+    num_running: int = 0  # after the step
+    num_waiting: int = 0
+    num_preempted: int = 0  # preemptions in this step
+    kv_blocks_used: int = 0
+    kv_positions_held: int = 0  # positions holding tokens, after the step
+    kv_positions_allocated: int = 0  # positions in allocated blocks, after the step
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_waiting: int  # sequences queued inside the engine (preempted ones)
+    num_running: int  # sequences holding a slot
+    num_slots: int  # max_num_seqs
+    kv_blocks_used: int
+    kv_blocks_total: int
+    num_preemptions: int  # since start
+    deferrals: dict[str, int] = field(default_factory=dict)  # refused admissions by reason, since start
+    last_step_duration_s: float = 0.0
+
+
+StepListener = Callable[[StepRecord], None]  # told of every step, on the engine thread

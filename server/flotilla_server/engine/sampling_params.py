@@ -1,0 +1,41 @@
+"""Per-request generation settings, validated once, shared by the engine and the HTTP layer.
+
+Torch-free so that request validation can happen before anything touches the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default when a request names none
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = DEFAULT_MAX_TOKENS  # most tokens to generate
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 1.0  # nucleus mass kept, in (0, 1]
+    top_k: int = 0  # 0 means no top-k cut
+    seed: int | None = None  # a seed makes the request's samples reproducible
+    stop: tuple[str, ...] = field(default_factory=tuple)  # generation ends before any of these strings
+    ignore_eos: bool = False  # keep generating past EOS (benchmarks)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0.0 <= self.temperature <= 100.0:
+            raise ValueError(f"temperature must be in [0, 100], got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1

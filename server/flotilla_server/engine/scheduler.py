@@ -1,0 +1,255 @@
+"""Scheduling policy: who is admitted, what each step computes, whom to preempt.
+
+The scheduler never touches a tensor. Each step it returns a `StepPlan`; the model runner carries
+it out and hands the sampled tokens back to `update`. Rules (docs/architecture.md, "Design rules: scheduler"):
+
+- Admission, FIFO by ticket: a free slot, plus free blocks for the whole prompt and a reserve
+  (the reserve is checked, never allocated). Blocks promised to prefills already admitted count
+  as taken.
+- A step: prefill chunks first (each at most `prefill_chunk`), then one decode row per running
+  sequence, all under `max_num_batched_tokens`; decode rows are budgeted before prefills.
+- Blocks are taken on demand. When the pool is dry, the most recently admitted sequence is
+  preempted by recompute and goes back to the head of the queue with its ticket. Sequences are
+  served oldest first, so the oldest always progresses: no deadlock.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter, deque
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from flotilla_server.engine.kv_pool import BlockPool, blocks_for
+from flotilla_server.engine.sequence import Sequence, SequenceStatus
+from flotilla_server.engine.stopping import token_finish_reason
+
+DEFERRAL_REASONS = ("no_slot", "no_blocks")
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    seq: Sequence
+    start: int  # first position fed this step (the sequence's computed tokens before the step)
+    num_tokens: int  # query length this step
+    sample: bool  # the chunk reaches the sequence's last token, so a new token is sampled
+
+    @property
+    def context_len(self) -> int:  # KV positions after this step's writes
+        return self.start + self.num_tokens
+
+
+@dataclass
+class StepPlan:
+    chunks: list[ScheduledChunk] = field(default_factory=list)  # prefill chunks first, then decodes
+    preempted: list[Sequence] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    num_decode_seqs: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_seqs
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+def infeasible_reason(
+    num_prompt_tokens: int, max_tokens: int, max_model_len: int, num_blocks: int, block_size: int
+) -> str | None:
+    """Why a request could never run on this engine, phrased as what to change; None if it can."""
+    if num_prompt_tokens < 1:
+        return "the prompt is empty; send at least one token"
+    total = num_prompt_tokens + max_tokens
+    if total > max_model_len:
+        return (
+            f"prompt ({num_prompt_tokens} tokens) plus max_tokens ({max_tokens}) is {total}, over the "
+            f"model's context of {max_model_len} tokens; shorten the prompt or lower max_tokens"
+        )
+    if blocks_for(total, block_size) > num_blocks:
+        return (
+            f"prompt plus max_tokens needs {blocks_for(total, block_size)} KV blocks but the pool has "
+            f"{num_blocks}; lower max_tokens or start the server with a larger KV cache"
+        )
+    return None
+
+
+class Scheduler:
+    def __init__(
+        self,
+        pool: BlockPool,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        prefill_chunk: int,
+        eos_token_ids: Collection[int] = (),
+        reserve_blocks: int | None = None,
+    ) -> None:
+        if max_num_batched_tokens < max_num_seqs:
+            raise ValueError("max_num_batched_tokens must be >= max_num_seqs so every decode fits a step")
+        self.pool = pool
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.prefill_chunk = prefill_chunk
+        self.eos_token_ids = frozenset(eos_token_ids)
+        # watermark kept free for running sequences' growth, as vLLM does (1% of the pool)
+        self.reserve_blocks = max(1, pool.num_blocks // 100) if reserve_blocks is None else reserve_blocks
+        self.waiting: deque[Sequence] = deque()  # ticket order; preempted sequences sit at the head
+        self.running: list[Sequence] = []  # admission order; the last is the next victim
+        self.preemptions = 0
+        self.deferrals: Counter[str] = Counter({r: 0 for r in DEFERRAL_REASONS})
+        self._tickets = itertools.count()
+        self._by_id: dict[str, Sequence] = {}
+
+    # --- arrivals -------------------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a new request; `schedule` admits it when it fits."""
+        self._register(seq)
+        self.waiting.append(seq)
+
+    def admission_block(self, num_tokens: int) -> str | None:
+        """Why a sequence of `num_tokens` cannot be admitted now ("no_slot", "no_blocks"), or None."""
+        if len(self.running) >= self.max_num_seqs:
+            return "no_slot"
+        reserve = self.reserve_blocks if self.running else 0  # alone, a sequence needs no reserve
+        available = self.pool.num_free_blocks - self._promised_blocks()
+        if self.pool.blocks_for(num_tokens) + reserve > available:
+            return "no_blocks"
+        return None
+
+    def try_admit(self, seq: Sequence) -> str | None:
+        """Admit a new request at once if it fits (the HTTP path); else count and return why not."""
+        if self.waiting:  # preempted sequences go first; arrivals never overtake them
+            reason = "no_slot" if len(self.running) >= self.max_num_seqs else "no_blocks"
+        else:
+            reason = self.admission_block(seq.num_tokens)
+        if reason is not None:
+            self.deferrals[reason] += 1
+            return reason
+        self._register(seq)
+        self._start(seq)
+        return None
+
+    def _register(self, seq: Sequence) -> None:
+        if seq.request_id in self._by_id:
+            raise ValueError(f"request id {seq.request_id!r} is already in use")
+        seq.ticket = next(self._tickets)
+        seq.status = SequenceStatus.WAITING
+        self._by_id[seq.request_id] = seq
+
+    def _start(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+
+    def _promised_blocks(self) -> int:
+        # prompt blocks of admitted sequences that prefill has not yet taken
+        return sum(
+            max(0, self.pool.blocks_for(s.num_tokens) - len(s.block_table)) for s in self.running if s.is_prefill
+        )
+
+    # --- a step ---------------------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        while self.waiting and self.admission_block(self.waiting[0].num_tokens) is None:
+            self._start(self.waiting.popleft())
+
+        plan = StepPlan()
+        decodes: list[ScheduledChunk] = []
+        prefill_budget = self.max_num_batched_tokens - sum(1 for s in self.running if not s.is_prefill)
+        i = 0
+        while i < len(self.running):
+            seq = self.running[i]
+            prefill = seq.is_prefill
+            n = min(seq.num_uncomputed_tokens, self.prefill_chunk, prefill_budget) if prefill else 1
+            if n == 0:  # no budget left this step: it waits, it is not evicted
+                i += 1
+                continue
+            target = seq.num_computed_tokens + n
+            while not self.pool.can_grow(seq, target):
+                victim = self.running[-1]  # index >= i: never a sequence already in the plan
+                self._preempt(victim)
+                plan.preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status is not SequenceStatus.RUNNING:
+                break  # it was the last running sequence
+            self.pool.grow(seq, target)
+            chunk = ScheduledChunk(seq, seq.num_computed_tokens, n, sample=target == seq.num_tokens)
+            if prefill:
+                plan.chunks.append(chunk)
+                plan.num_prefill_tokens += n
+                prefill_budget -= n
+            else:
+                decodes.append(chunk)
+            i += 1
+        plan.chunks.extend(decodes)
+        plan.num_decode_seqs = len(decodes)
+        return plan
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.pool.free(seq)
+        seq.num_computed_tokens = 0  # recompute: prompt and output so far are prefilled again
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.preemptions += 1
+        j = 0
+        while j < len(self.waiting) and self.waiting[j].ticket < seq.ticket:
+            j += 1
+        self.waiting.insert(j, seq)
+
+    def update(self, plan: StepPlan, sampled_token_ids: list[int]) -> list[Sequence]:
+        """Apply a step's results; returns the sequences that got a new token, in plan order.
+
+        `sampled_token_ids` holds one token per chunk with `sample` set, in plan order.
+        Sequences aborted while the step ran are skipped.
+        """
+        tokens = iter(sampled_token_ids)
+        changed: list[Sequence] = []
+        for chunk in plan.chunks:
+            token = next(tokens) if chunk.sample else None
+            seq = chunk.seq
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            seq.num_computed_tokens = chunk.context_len
+            if token is None:
+                continue
+            seq.output_token_ids.append(token)
+            changed.append(seq)
+            reason = token_finish_reason(token, seq.num_output_tokens, seq.params, self.eos_token_ids)
+            if reason is not None:
+                self.finish(seq, reason)
+        return changed
+
+    # --- endings --------------------------------------------------------------------------------
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End a sequence and free its blocks at once (stop, length, abort)."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        else:
+            return
+        self.pool.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        del self._by_id[seq.request_id]
+
+    def abort(self, request_id: str) -> Sequence | None:
+        seq = self._by_id.get(request_id)
+        if seq is not None:
+            self.finish(seq, "abort")
+        return seq
+
+    def get(self, request_id: str) -> Sequence | None:
+        return self._by_id.get(request_id)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def kv_positions(self) -> tuple[int, int]:
+        """(positions holding tokens, positions allocated) over running sequences."""
+        held = sum(s.num_computed_tokens for s in self.running)
+        return held, self.pool.num_used_blocks * self.pool.block_size

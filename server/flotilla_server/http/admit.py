@@ -1,0 +1,56 @@
+"""The door of a generation request, and the one mapping from admission's refusals to HTTP errors.
+
+Order: draining (503) → feasibility (400) → admission queue (429 full / 429 timeout / 499 gone). Each
+refusal's rejection reason is counted here, its status code by the error handler.
+"""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from flotilla_server.engine.client import RequestStream
+from flotilla_server.http.admission import ClientGone, QueueFull, QueueTimeout
+from flotilla_server.http.errors import APIError
+from flotilla_server.http.job import Job
+from flotilla_server.http.refusals import (
+    CLIENT_GONE,
+    DRAINING_HEADERS,
+    DRAINING_MESSAGE,
+    infeasible_message,
+    queue_full_message,
+    queue_timeout_message,
+    retry_after_s,
+)
+from flotilla_server.http.shedder import DOOR_TICKET
+from flotilla_server.http.state import ServerState
+from flotilla_server.http.stream_response import wait_for_disconnect
+
+
+async def admit(request: Request, state: ServerState, job: Job) -> tuple[RequestStream, float]:
+    """Returns the engine stream and the queue wait, or raises APIError."""
+    m = state.metrics
+    if state.draining:  # the shedder checked before the body was read; draining may have begun since
+        m.count_rejection("draining")
+        raise APIError(503, DRAINING_MESSAGE, code="draining", headers=dict(DRAINING_HEADERS))
+    why = state.engine.check_feasible(len(job.prompt_token_ids), job.params.max_tokens)
+    if why is not None:
+        m.count_rejection("infeasible")
+        raise APIError(400, infeasible_message(why), param="max_tokens", code="context_length_exceeded")
+    retry_s = retry_after_s(state.admission.queue_timeout_s)
+    retry = {"Retry-After": str(retry_s)}
+    ticket = request.scope.get(DOOR_TICKET)
+    try:
+        return await state.admission.admit(job.request_id, job.prompt_token_ids, job.params,
+                                           lambda: wait_for_disconnect(request),
+                                           on_queued=ticket.release if ticket is not None else None)
+    except QueueFull:
+        m.count_rejection("queue_full")
+        raise APIError(429, queue_full_message(state.admission.depth, retry_s),
+                       code="queue_full", headers=retry) from None
+    except QueueTimeout:
+        m.count_rejection("queue_timeout")
+        raise APIError(429, queue_timeout_message(state.admission.queue_timeout_s, retry_s),
+                       code="queue_timeout", headers=retry) from None
+    except ClientGone:
+        m.count_rejection("client_gone")
+        raise APIError(CLIENT_GONE, "Client closed the request.", code="client_gone") from None

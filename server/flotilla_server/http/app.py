@@ -1,0 +1,44 @@
+"""The FastAPI application: routers, error handlers, the body guard, and the start/stop of the admission driver."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from flotilla_server.http.body_guard import BodyGuard
+from flotilla_server.http.errors import install_error_handlers
+from flotilla_server.http.routes import include_routers
+from flotilla_server.http.shedder import LoadShedder
+from flotilla_server.http.state import ServerState
+
+
+def create_app(state: ServerState, max_body_bytes: int) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.admission.start()
+        # the coalescing capacity signal: every step (and so every finish and abort) wakes the driver
+        state.engine.add_step_listener(state.admission.signal_capacity)
+        state.engine.add_step_listener(
+            lambda record: state.metrics.observe_step(record.duration_s, record.num_tokens))
+        state.engine.add_abort_listener(state.on_abort)
+        state.ready = True
+        try:
+            yield
+        finally:
+            state.ready = False
+            await state.admission.stop()
+
+    app = FastAPI(
+        title="flotilla-server",
+        summary="OpenAI-compatible LLM inference with bounded admission and SSE streaming.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.flotilla = state
+    install_error_handlers(app)
+    include_routers(app)
+    app.add_middleware(BodyGuard, max_body_bytes=max_body_bytes, on_refuse=state.metrics.count_request)
+    app.add_middleware(LoadShedder, state=state)  # added last: runs first
+    return app

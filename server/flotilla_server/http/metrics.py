@@ -1,0 +1,116 @@
+"""The server's Prometheus metrics; the names others read are flotilla_contract.metrics's, written once there.
+
+Every metric carries the label ``model``. Gauges that mirror state (queue depth, running requests, KV
+blocks) are read at scrape time from the admission queue and the engine, so they can never drift from
+the truth. The Gateway API Inference Extension's model-server gauges (``vllm:*``) are exported beside
+ours so its endpoint picker, vLLM dashboards and KEDA recipes work unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from flotilla_contract import metrics as names
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+disable_created_metrics()  # `*_created` series double the exposition and no dashboard or alert reads them
+
+REJECTION_REASONS = names.REJECTION_REASONS
+
+_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_ITL_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+_DURATION_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
+_STEP_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+_STEP_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+
+
+@dataclass(frozen=True)
+class StateSnapshot:
+    """What the scrape-time gauges report; built by the caller from the queue and the engine."""
+
+    requests_waiting: int  # admission queue plus requests waiting inside the engine (preempted)
+    requests_running: int
+    slots: int
+    kv_blocks_total: int
+    kv_blocks_used: int
+    preemptions: int  # cumulative
+
+
+class _StateCollector(Collector):
+    def __init__(self, model: str, snapshot: Callable[[], StateSnapshot]) -> None:
+        self._model = model
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._snapshot()
+        ratio = s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(name, doc, labels=[names.MODEL_LABEL])
+            g.add_metric([self._model], value)
+            return g
+
+        yield gauge(names.REQUESTS_WAITING, "Requests waiting for a slot (admission queue plus preempted).",
+                    s.requests_waiting)
+        yield gauge(names.REQUESTS_RUNNING, "Requests holding a slot in the engine.", s.requests_running)
+        yield gauge(names.SLOTS, "Slots: sequences the engine runs at once (max_num_seqs).", s.slots)
+        yield gauge(names.KV_BLOCKS_TOTAL, "KV-cache blocks in the pool.", s.kv_blocks_total)
+        yield gauge(names.KV_BLOCKS_USED, "KV-cache blocks held by sequences.", s.kv_blocks_used)
+        yield gauge(names.KV_CACHE_USAGE_RATIO, "KV-cache blocks used ÷ total, in [0, 1].", ratio)
+        yield gauge(names.VLLM_REQUESTS_WAITING, "Gateway API Inference Extension: requests waiting.",
+                    s.requests_waiting)
+        yield gauge(names.VLLM_REQUESTS_RUNNING, "Gateway API Inference Extension: requests running.",
+                    s.requests_running)
+        yield gauge(names.VLLM_KV_CACHE_USAGE, "Gateway API Inference Extension: KV-cache usage, in [0, 1].",
+                    ratio)
+        c = CounterMetricFamily(names.PREEMPTIONS, "Sequences preempted by recompute.", labels=[names.MODEL_LABEL])
+        c.add_metric([self._model], s.preemptions)
+        yield c
+
+
+class ServerMetrics:
+    """One registry per server, so several servers (tests) never share series."""
+
+    def __init__(self, model: str, snapshot: Callable[[], StateSnapshot]) -> None:
+        self.model = model
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("flotilla_requests", "Requests answered, by HTTP status code (499: client gone).",
+                                [names.MODEL_LABEL, "code"], registry=r)
+        self.rejections = Counter("flotilla_rejections", "Requests refused or cut short, by reason.",
+                                  [names.MODEL_LABEL, "reason"], registry=r)
+        self.prompt_tokens = Counter("flotilla_prompt_tokens", "Prompt tokens of admitted requests.",
+                                     [names.MODEL_LABEL], registry=r)
+        self.generation_tokens = Counter("flotilla_generation_tokens", "Tokens generated and sent.",
+                                         [names.MODEL_LABEL], registry=r)
+        self.ttft = Histogram("flotilla_time_to_first_token_seconds", "Arrival to first token.",
+                              [names.MODEL_LABEL], buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.itl = Histogram("flotilla_inter_token_latency_seconds", "Time between successive tokens of a request.",
+                             [names.MODEL_LABEL], buckets=_ITL_BUCKETS_S, registry=r)
+        self.request_duration = Histogram("flotilla_request_duration_seconds", "Arrival to the last token (end to end).",
+                                          [names.MODEL_LABEL], buckets=_DURATION_BUCKETS_S, registry=r)
+        self.queue_wait = Histogram("flotilla_queue_wait_seconds", "Time spent in the admission queue.",
+                                    [names.MODEL_LABEL], buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.step_duration = Histogram("flotilla_step_duration_seconds", "Duration of one engine step.",
+                                       [names.MODEL_LABEL], buckets=_STEP_BUCKETS_S, registry=r)
+        self.step_tokens = Histogram("flotilla_step_tokens", "Tokens computed in one engine step.",
+                                     [names.MODEL_LABEL], buckets=_STEP_TOKEN_BUCKETS, registry=r)
+        r.register(_StateCollector(model, snapshot))
+        for reason in REJECTION_REASONS:  # every reason has a series from the start, at 0
+            self.rejections.labels(model, reason)
+        self.prompt_tokens.labels(model)
+        self.generation_tokens.labels(model)
+
+    def count_request(self, code: int) -> None:
+        self.requests.labels(self.model, str(code)).inc()
+
+    def count_rejection(self, reason: str) -> None:
+        assert reason in REJECTION_REASONS, reason
+        self.rejections.labels(self.model, reason).inc()
+
+    def observe_step(self, duration_s: float, num_tokens: int) -> None:
+        self.step_duration.labels(self.model).observe(duration_s)
+        self.step_tokens.labels(self.model).observe(num_tokens)

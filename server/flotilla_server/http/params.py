@@ -1,0 +1,35 @@
+"""From a validated request body to the engine's SamplingParams; checks that need the server's state."""
+
+from __future__ import annotations
+
+from flotilla_server.engine.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
+from flotilla_server.http.errors import APIError
+from flotilla_server.http.schemas import _SamplingFields
+from flotilla_server.http.state import ServerState
+
+
+def check_model(state: ServerState, model: str) -> None:
+    if model != state.served_model_name:
+        raise APIError(404, f"The model {model!r} does not exist here: this server serves "
+                            f"{state.served_model_name!r} (see GET /v1/models).",
+                       param="model", code="model_not_found")
+
+
+def sampling_params(state: ServerState, body: _SamplingFields, num_prompt_tokens: int,
+                    max_tokens: int | None) -> SamplingParams:
+    if num_prompt_tokens == 0:
+        raise APIError(400, "The prompt is empty after tokenization: send at least one token.", param="prompt")
+    if max_tokens is None:  # OpenAI's default, shortened to what the context has left
+        max_tokens = max(1, min(DEFAULT_MAX_TOKENS, state.max_model_len - num_prompt_tokens))
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            top_k=max(0, body.top_k),
+            seed=body.seed,
+            stop=body.stop_strings(),
+            ignore_eos=body.ignore_eos,
+        )
+    except ValueError as e:
+        raise APIError(400, f"{e}: change that field and retry.") from None

@@ -1,0 +1,44 @@
+"""What a refused or cut-short request is told: one message, status and headers per rejection reason.
+
+Written once and used by both places that refuse (the load shedder at the door, before the body is read;
+admission, after it), and by both renderings of an aborted generation (one JSON body, an SSE error chunk).
+Every message says what the client should do next (docs/architecture.md, "Design rules: admission").
+"""
+
+from __future__ import annotations
+
+import math
+
+CLIENT_GONE = 499  # nginx's code for "client closed request"; never counted as a server error
+
+DRAINING_MESSAGE = "The server is draining for shutdown: retry against another replica."
+DRAINING_HEADERS = {"Retry-After": "1", "Connection": "close"}
+
+
+def retry_after_s(queue_timeout_s: float) -> int:
+    """The Retry-After value for both kinds of 429: ceil(queue_timeout_s), at least 1."""
+    return max(1, math.ceil(queue_timeout_s))
+
+
+def queue_full_message(depth: int, retry_s: int) -> str:
+    return f"The server's queue is full ({depth} waiting): retry after {retry_s} s or send to another replica."
+
+
+def queue_timeout_message(queue_timeout_s: float, retry_s: int) -> str:
+    return (f"The request waited longer than {queue_timeout_s:g} s for a slot: "
+            f"retry after {retry_s} s or send to another replica.")
+
+
+def infeasible_message(why: str) -> str:
+    return f"This request can never fit: {why}. Shorten the prompt or lower max_tokens."
+
+
+def abort_message(reason: str | None) -> tuple[str, str]:
+    """(message, error code) for a generation the engine aborted."""
+    if reason == "drain_timeout":
+        return ("The server shut down before this request finished (--drain-timeout-s passed): "
+                "retry against another replica."), "draining"
+    if reason == "slow_client":
+        return ("The client read the stream too slowly and its buffer filled: the request was cancelled. "
+                "Read the stream as it arrives."), "slow_client"
+    return f"Generation was aborted ({reason or 'unknown reason'}).", reason or "aborted"

@@ -1,0 +1,60 @@
+"""A whole (non-streamed) answer: join the stream's text into one OpenAI JSON body, or one error."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from flotilla_server.engine.client import RequestStream, TokenEvent
+from flotilla_server.http import sse
+from flotilla_server.http.accounting import Outcome, Timing
+from flotilla_server.http.errors import APIError
+from flotilla_server.http.job import Job
+from flotilla_server.http.refusals import CLIENT_GONE, abort_message
+from flotilla_server.http.state import ServerState
+from flotilla_server.http.stream_response import wait_for_disconnect
+
+
+async def json_body(request: Request, state: ServerState, job: Job, stream: RequestStream, outcome: Outcome,
+                    arrival_s: float) -> Response:
+    timing = Timing(state, arrival_s)
+    parts: list[str] = []
+    last: TokenEvent | None = None
+
+    async def consume() -> None:
+        nonlocal last
+        async for event in stream:
+            timing.on_event(event)
+            parts.append(event.text)
+            last = event
+
+    consumer = asyncio.ensure_future(consume())
+    gone = asyncio.ensure_future(wait_for_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({consumer, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not consumer.done():
+            consumer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await consumer
+    if consumer not in done:
+        outcome.finish(CLIENT_GONE, "client_gone")
+        return Response(status_code=CLIENT_GONE)
+    consumer.result()  # re-raise an engine failure
+    outcome.engine_done = True
+    timing.done()
+    if last is None or last.finish_reason is None or last.finish_reason == "abort":
+        message, code = abort_message(last.abort_reason if last is not None else None)
+        status = 503 if code == "draining" else 500  # as a stream cut by the drain timeout is counted
+        outcome.finish(status, None)
+        raise APIError(status, message, code=code, counted=True)
+    outcome.finish(200)
+    u = sse.usage(last.num_prompt_tokens, last.num_output_tokens)
+    shape = sse.chat_response if job.chat else sse.completion_response
+    return JSONResponse(shape(job.request_id, int(time.time()), state.served_model_name, "".join(parts),
+                              last.finish_reason, u))

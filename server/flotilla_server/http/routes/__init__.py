@@ -1,0 +1,12 @@
+"""The HTTP API: one router per resource, collected here."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from flotilla_server.http.routes import chat, completions, health, load, models
+
+
+def include_routers(app: FastAPI) -> None:
+    for module in (completions, chat, models, health, load):
+        app.include_router(module.router)

@@ -1,0 +1,36 @@
+"""POST /v1/chat/completions: messages in, rendered through the model's chat template, a reply out."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from flotilla_server.http.errors import APIError
+from flotilla_server.http.generation import generate
+from flotilla_server.http.job import Job
+from flotilla_server.http.params import check_model, sampling_params
+from flotilla_server.http.schemas import ChatCompletionRequest
+from flotilla_server.http.state import State
+from flotilla_server.model.tokenizer import ChatTemplateError
+
+router = APIRouter(tags=["chat"])
+
+
+@router.post("/v1/chat/completions", responses={400: {}, 404: {}, 413: {}, 429: {}, 503: {}})
+async def create_chat_completion(body: ChatCompletionRequest, request: Request, state: State) -> Response:
+    """Answer a conversation (OpenAI-compatible); with stream=true the answer is server-sent events."""
+    check_model(state, body.model)
+    messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()}
+                for m in body.messages]
+    try:
+        text = state.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except ChatTemplateError as e:  # no template, or it refuses an order of roles
+        raise APIError(400, f"{e}: check the messages' roles and order.", param="messages") from None
+    prompt_ids = state.tokenizer.encode(text, add_special_tokens=False)
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    params = sampling_params(state, body, len(prompt_ids), max_tokens)
+    job = Job(chat=True, request_id=f"chatcmpl-{uuid.uuid4().hex}", prompt_token_ids=prompt_ids,
+              params=params, stream=body.stream)
+    return await generate(request, state, job)

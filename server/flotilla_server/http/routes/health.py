@@ -1,0 +1,31 @@
+"""Probes and metrics: /healthz (the process answers), /readyz (model loaded, not draining), /metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from flotilla_server.http.state import State
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+async def healthz() -> dict:
+    """Liveness: answers while the event loop runs."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", responses={503: {}})
+async def readyz(state: State) -> JSONResponse:
+    """Readiness: 200 once the model is loaded, 503 while loading or draining."""
+    if state.accepting:
+        return JSONResponse({"status": "ready"})
+    return JSONResponse({"status": "draining" if state.draining else "loading"}, status_code=503)
+
+
+@router.get("/metrics")
+async def metrics(state: State) -> Response:
+    """Prometheus metrics, every series labelled with the model."""
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,98 @@
+"""Serve HTTP over a started engine, and drain on SIGTERM (the CLI loads the model and starts the engine).
+
+Drain: the first SIGTERM (or SIGINT) turns /readyz to 503 and refuses new requests with 503 while the
+listening socket stays open (a closed socket would look like a crash to clients and load balancers);
+in-flight requests get --drain-timeout-s to finish, then uvicorn stops and the process exits 0.
+A second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from types import FrameType
+
+import uvicorn
+
+from flotilla_server.engine.client import EngineClient
+from flotilla_server.http.admission import AdmissionQueue
+from flotilla_server.http.app import create_app
+from flotilla_server.http.bounded_protocol import BoundedH11Protocol
+from flotilla_server.http.settings import ServerSettings
+from flotilla_server.http.state import ServedModel, ServerState
+
+log = logging.getLogger("flotilla.server")
+
+_CUT_OFF_FLUSH_S = 0.5  # after a drain timeout, time for cut-off streams to send their last chunk
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: ServerState, drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self._state = state
+        self._drain_timeout_s = drain_timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.drained_cleanly: bool | None = None
+
+    async def startup(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # never record the signal: uvicorn would re-raise it after shutdown and the exit status would be -15
+        if self._state.draining or self._loop is None:
+            self.force_exit = self.should_exit = True
+            return
+        self._state.draining = True
+        log.info("%s: draining; %d request(s) in flight, up to %.0f s", signal.Signals(sig).name,
+                 self._state.in_flight, self._drain_timeout_s)
+        self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain()))  # type: ignore[union-attr]
+
+    async def _drain(self) -> None:
+        self.drained_cleanly = await self._state.wait_idle(self._drain_timeout_s)
+        if not self.drained_cleanly:
+            log.warning("drain timeout: %d request(s) still in flight are cut off", self._state.in_flight)
+            for request_id in list(self._state.live):  # their streams end with an error chunk, then [DONE]
+                self._state.engine.abort(request_id, "drain_timeout")
+            await self._state.wait_idle(_CUT_OFF_FLUSH_S)
+        self.should_exit = True
+
+
+def curl_example(settings: ServerSettings, model_name: str) -> str:
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    return (
+        f"curl -N http://{host}:{settings.port}/v1/chat/completions -H 'Content-Type: application/json' "
+        f"-d '{{\"model\": \"{model_name}\", \"stream\": true, \"max_tokens\": 32, "
+        f"\"messages\": [{{\"role\": \"user\", \"content\": \"Tell me about the sea.\"}}]}}'"
+    )
+
+
+def configure_logging(settings: ServerSettings) -> None:
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def serve(settings: ServerSettings, engine: EngineClient, model: ServedModel) -> int:
+    """Serve until drained; shuts the (started) engine down on the way out."""
+    name = model.name
+    state = ServerState(
+        engine=engine, tokenizer=model.tokenizer, served_model_name=name, max_model_len=model.max_model_len,
+        vocab_size=model.vocab_size, model_description=model.description,
+        admission=AdmissionQueue(
+            engine, depth=settings.queue_capacity,
+            max_overtakes=settings.max_num_seqs, queue_timeout_s=settings.queue_timeout_s,
+        ),
+    )
+    app = create_app(state, settings.max_body_bytes)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                            timeout_graceful_shutdown=1, access_log=False, http=BoundedH11Protocol)
+    server = DrainingServer(config, state, settings.drain_timeout_s)
+    if model.is_demonstration:
+        print(f"NOTE: {model.description}", flush=True)
+    print(f"flotilla-server: serving {name!r} on http://{settings.host}:{settings.port}; try:\n"
+          f"  {curl_example(settings, name)}", flush=True)
+    try:
+        server.run()
+    finally:
+        engine.shutdown()
+    return 0

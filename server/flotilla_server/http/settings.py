@@ -1,0 +1,60 @@
+"""ServerSettings: every flag's value in one frozen object, checked once, with the flag names in the errors.
+
+The fields, their defaults and their flags come from one table, flotilla_contract.flags.SERVER_FLAGS
+(docs/architecture.md, "Layers"); a test checks that this dataclass and the table name the same fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flotilla_contract import flags as f
+
+from flotilla_server.engine.config import EngineConfig
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    model: str = "tiny"
+    served_model_name: str | None = None
+    host: str = "0.0.0.0"
+    port: int = f.DEFAULT_PORT
+    max_num_seqs: int = f.DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = f.DEFAULT_MAX_NUM_BATCHED_TOKENS
+    prefill_chunk: int = f.DEFAULT_PREFILL_CHUNK
+    block_size: int = f.DEFAULT_BLOCK_SIZE
+    num_kv_blocks: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    max_model_len: int | None = None
+    queue_depth_per_slot: int = f.DEFAULT_QUEUE_DEPTH_PER_SLOT
+    queue_timeout_s: float = f.DEFAULT_QUEUE_TIMEOUT_S
+    drain_timeout_s: float = f.DEFAULT_DRAIN_TIMEOUT_S
+    dtype: str = "float32"
+    device: str = "cpu"
+    max_body_bytes: int = f.DEFAULT_MAX_BODY_BYTES
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError(f"--port must be in 1..65535, got {self.port}")
+        if self.queue_depth_per_slot < 0:
+            raise ValueError(f"--queue-depth-per-slot must be >= 0, got {self.queue_depth_per_slot}")
+        if self.queue_timeout_s <= 0:
+            raise ValueError(f"--queue-timeout-s must be > 0, got {self.queue_timeout_s}")
+        if self.drain_timeout_s < 0:
+            raise ValueError(f"--drain-timeout-s must be >= 0, got {self.drain_timeout_s}")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}")
+
+    @property
+    def queue_capacity(self) -> int:
+        """Requests the admission queue holds before answering 429."""
+        return self.queue_depth_per_slot * self.max_num_seqs
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            model=self.model, max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+            prefill_chunk=self.prefill_chunk, block_size=self.block_size, num_kv_blocks=self.num_kv_blocks,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes, max_model_len=self.max_model_len,
+            dtype=self.dtype, device=self.device,
+        )

@@ -1,0 +1,118 @@
+"""What every request handler shares: the engine, the tokenizer, the admission queue, metrics, drain state.
+
+Held in ``app.state.flotilla``; handlers reach it through the ``State`` dependency alias.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Protocol
+
+from fastapi import Depends, Request
+
+from flotilla_server.engine.client import EngineClient
+from flotilla_server.http.admission import AdmissionQueue
+from flotilla_server.http.metrics import ServerMetrics, StateSnapshot
+
+
+class PromptTokenizer(Protocol):
+    """What the routes need of the model's tokenizer (flotilla_server.model.tokenizer.Tokenizer)."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+                            **kwargs: Any) -> str: ...
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """The loaded model as the HTTP layer sees it: names and limits, no weights."""
+
+    name: str  # what clients send as `model`
+    tokenizer: PromptTokenizer
+    vocab_size: int
+    max_model_len: int
+    description: str = ""
+    is_demonstration: bool = False
+
+
+@dataclass(eq=False)
+class ServerState:
+    engine: EngineClient
+    tokenizer: PromptTokenizer
+    served_model_name: str
+    max_model_len: int
+    vocab_size: int
+    admission: AdmissionQueue
+    model_description: str = ""  # shown in /v1/models; says "DEMONSTRATION model" for tiny
+    metrics: ServerMetrics = field(init=False)
+    created_s: int = field(default_factory=lambda: int(time.time()))
+    draining: bool = False
+    ready: bool = False
+    door_limit: int = 0  # door tickets + waiters allowed: queue depth + slots (set at construction)
+    at_door: int = 0  # requests past the load shedder that have not reached the queue yet
+    in_flight: int = 0  # requests past the drain check and not yet answered (queued or running)
+    live: set[str] = field(default_factory=set)  # admitted requests whose outcome is not yet counted
+    slow_clients: set[str] = field(default_factory=set)  # live requests the engine cut off as slow_client
+    _idle: asyncio.Event | None = None
+
+    def __post_init__(self) -> None:
+        self.metrics = ServerMetrics(self.served_model_name, self.snapshot)
+        self.door_limit = self.admission.depth + self.engine.stats().num_slots
+
+    def snapshot(self) -> StateSnapshot:
+        s = self.engine.stats()
+        return StateSnapshot(
+            requests_waiting=len(self.admission) + s.num_waiting,
+            requests_running=s.num_running,
+            slots=s.num_slots,
+            kv_blocks_total=s.kv_blocks_total,
+            kv_blocks_used=s.kv_blocks_used,
+            preemptions=s.num_preemptions,
+        )
+
+    @property
+    def accepting(self) -> bool:
+        """The one readiness rule: loaded and not draining (/readyz and the load report)."""
+        return self.ready and not self.draining
+
+    def on_abort(self, request_id: str, reason: str) -> None:
+        """Engine abort hook: counts a slow client once, when its stream overflows (the handler may be stuck
+        sending to that very client and cannot count it)."""
+        if reason == "slow_client" and request_id in self.live and request_id not in self.slow_clients:
+            self.slow_clients.add(request_id)
+            self.metrics.count_rejection("slow_client")
+
+    def enter(self) -> None:
+        self.in_flight += 1
+        if self._idle is not None:
+            self._idle.clear()
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+        assert self.in_flight >= 0
+        if self.in_flight == 0 and self._idle is not None:
+            self._idle.set()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """True if every in-flight request finished within timeout_s."""
+        if self._idle is None:
+            self._idle = asyncio.Event()
+        if self.in_flight == 0:
+            return True
+        self._idle.clear()
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.flotilla
+
+
+State = Annotated[ServerState, Depends(_state)]
