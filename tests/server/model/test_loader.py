@@ -61,7 +61,7 @@ def test_tiny_generates_in_bfloat16():
 
 
 def test_missing_model_says_what_to_pass(tmp_path):
-    with pytest.raises(FileNotFoundError, match="neither 'tiny' nor a directory"):
+    with pytest.raises(FileNotFoundError, match=r"neither 'tiny', a directory nor a \.gguf file"):
         load_model(str(tmp_path / "nope"), "float32", "cpu")
     with pytest.raises(FileNotFoundError, match=r"needs config\.json"):
         load_model(str(tmp_path), "float32", "cpu")
