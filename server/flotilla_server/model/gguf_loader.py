@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from .config import ModelConfig, UnsupportedModelError
+from .gguf_file import GGUFFile
 from .gguf_tokenizer import tokenizer_from_gguf
 from .llama import DecoderModel
 from .tokenizer import Tokenizer
@@ -59,12 +60,12 @@ class GGUFModel:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.reader = GGUFReader(str(path))
+        self.file = GGUFFile(path)
+        self.tensors = self.file.tensors
         self.architecture = str(self.field("general.architecture"))
 
     def field(self, key: str, default: Any = None) -> Any:
-        f = self.reader.fields.get(key)
-        return default if f is None else f.contents()
+        return self.file.fields.get(key, default)
 
     def arch_field(self, key: str, default: Any = None) -> Any:
         return self.field(f"{self.architecture}.{key}", default)
@@ -105,7 +106,7 @@ def served_name(path: Path) -> str:
 def gguf_config(gg: GGUFModel) -> ModelConfig:
     """Maps `llama.*` metadata to ModelConfig; refuses RoPE variants the runtime does not run."""
     scaling = gg.arch_field("rope.scaling.type", "none")
-    if scaling != "none" or any(t.name == "rope_freqs.weight" for t in gg.reader.tensors):
+    if scaling != "none" or any(t.name == "rope_freqs.weight" for t in gg.tensors):
         raise UnsupportedModelError(
             f"{gg.path.name}: RoPE scaling ({scaling!r}, or a rope_freqs tensor) is not supported for GGUF "
             "files: use the model's Hugging Face directory instead"
@@ -127,14 +128,14 @@ def gguf_config(gg: GGUFModel) -> ModelConfig:
         max_position_embeddings=int(gg.arch_field("context_length", 2048)),
         rms_norm_eps=float(gg.arch_field("attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(gg.arch_field("rope.freq_base", 10000.0)),
-        tie_word_embeddings=not any(t.name == "output.weight" for t in gg.reader.tensors),
+        tie_word_embeddings=not any(t.name == "output.weight" for t in gg.tensors),
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=() if eos is None else (int(eos),),
     )
 
 
 def _check_tensor_types(gg: GGUFModel) -> None:
-    unsupported = sorted({t.tensor_type.name for t in gg.reader.tensors if t.tensor_type not in SUPPORTED_TYPES})
+    unsupported = sorted({t.type_name for t in gg.tensors if t.type_id not in SUPPORTED_TYPES})
     if unsupported:
         raise UnsupportedModelError(
             f"{gg.path.name} holds tensors of type {', '.join(unsupported)}, which Flotilla does not "
@@ -145,9 +146,9 @@ def _check_tensor_types(gg: GGUFModel) -> None:
 
 def _hf_tensors(gg: GGUFModel, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """(Hugging Face name, float32 CPU tensor), dequantized one at a time."""
-    for t in gg.reader.tensors:
+    for t in gg.tensors:
         name = _hf_name(t.name)
-        weights = dequantize(t.data, t.tensor_type)  # numpy order: (out_features, in_features)
+        weights = dequantize(t.data, GGMLQuantizationType(t.type_id))  # numpy order: (out_features, in_features)
         if name.endswith(("q_proj.weight", "q_proj.bias")):
             weights = _unpermute(weights, config.num_heads)
         elif name.endswith(("k_proj.weight", "k_proj.bias")):
