@@ -72,7 +72,7 @@ class GGUFModel:
 
 
 def is_gguf(model: str) -> bool:
-    return model.endswith(".gguf")
+    return model.lower().endswith(".gguf")
 
 
 def load_gguf(path: Path, torch_type: torch.dtype, device: str) -> tuple[DecoderModel, Tokenizer, ModelConfig, str]:
