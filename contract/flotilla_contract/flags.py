@@ -45,7 +45,7 @@ def env_var(flag: str) -> str:
 
 SERVER_FLAGS: tuple[Flag, ...] = (
     Flag("--model", "model", "str", "tiny",
-         "A Hugging Face model directory, or 'tiny' (the built-in DEMONSTRATION model)."),
+         "A Hugging Face model directory, a .gguf file (Llama), or 'tiny' (the built-in DEMONSTRATION model)."),
     Flag("--served-model-name", "served_model_name", "str", None,
          "Name clients send as `model`; default: the model's name."),
     Flag("--host", "host", "str", "0.0.0.0", "Address to listen on."),
