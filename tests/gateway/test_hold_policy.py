@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 import pytest
-from flotilla_gateway.hold_policy import UNKNOWN_POD_ROOM, admit, pod_room, releasable, retry_after_s, wait_spent
+from flotilla_gateway.hold_policy import (
+    UNKNOWN_POD_ROOM,
+    admit,
+    pod_room,
+    releasable,
+    retry_after_s,
+    wait_spent,
+)
 from flotilla_gateway.route_map import ModelRoute
 from flotilla_gateway.routing import PodView
 
