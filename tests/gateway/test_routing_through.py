@@ -18,7 +18,7 @@ def chat(model: str, stream: bool = True, max_tokens: int = 8, **extra: object) 
             "max_tokens": max_tokens, **extra}
 
 
-def wait(check, timeout_s: float = 10.0, message: str = "condition"):  # noqa: ANN001, ANN201
+def wait(check, timeout_s: float = 10.0, message: str = "condition"):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if value := check():

@@ -31,6 +31,7 @@ class FakeState:
     load_enabled: bool = True
     requests: int = 0
     running: int = 0
+    max_running: int = 0  # the most requests it ever served at once
     disconnects: int = 0
     completed: int = 0
     last_headers: dict[str, str] = field(default_factory=dict)
@@ -63,6 +64,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     chat = request.path.endswith("chat/completions")
     count = int(body.get("max_tokens") or 16)
     state.running += 1
+    state.max_running = max(state.max_running, state.running)
     try:
         if state.first_byte_delay_s:
             await asyncio.sleep(state.first_byte_delay_s)
