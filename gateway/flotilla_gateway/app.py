@@ -53,6 +53,9 @@ class GatewaySettings:
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     connect_timeout_s: float = 5.0
+    # with keys on, a client's cache_salt is always replaced by its tenant; salt_by_tenant also adds it when
+    # absent, which needs servers that accept `cache_salt` (prefix caching)
+    salt_by_tenant: bool = False
 
 
 class Gateway:
@@ -123,7 +126,7 @@ class Gateway:
         model, namespace, tenant, held_s = "", "", NO_TENANT, 0.0
         outcome = Outcome()
         try:
-            _, body = await read_body(request, self.settings.max_body_bytes)
+            raw, body = await read_body(request, self.settings.max_body_bytes)
             model = body["model"]
             tenant_of_key = None
             if self.settings.keys is not None:
@@ -147,9 +150,9 @@ class Gateway:
                     gone.cancel()
                 route = self.routes.get(model, route)
             headers = _upstream_headers(request, tenant_of_key)
-            if tenant_of_key is not None:
+            if tenant_of_key is not None and ("cache_salt" in body or self.settings.salt_by_tenant):
                 body["cache_salt"] = tenant_of_key.name  # one tenant cannot probe another's prefix cache
-            raw = json.dumps(body).encode()
+                raw = json.dumps(body).encode()
             assert self.proxy is not None
             policy = default_policy(endpoint, route.policy)
             key = routing_key(model, endpoint, body)

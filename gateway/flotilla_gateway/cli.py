@@ -40,6 +40,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--api-keys-file", metavar="PATH",
                    help="YAML/JSON file mapping each API key to {tenant, models} (a mounted Secret); "
                         "when set, every request needs 'Authorization: Bearer <key>'.")
+    p.add_argument("--salt-cache-by-tenant", action="store_true",
+                   help="With API keys, set every request's cache_salt to its tenant (a client's own cache_salt "
+                        "is always replaced); needs servers that accept cache_salt (prefix caching).")
     p.add_argument("--poll-interval-s", type=float, default=DEFAULT_POLL_INTERVAL_S,
                    help="How often each pod's load report is read, seconds.")
     p.add_argument("--max-body-bytes", type=parse_bytes, default=DEFAULT_MAX_BODY_BYTES,
@@ -75,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"flotilla-gateway: {error}")
     settings = GatewaySettings(namespaces=args.namespaces, kubeconfig=args.kubeconfig, in_cluster=args.in_cluster,
                                keys=keys, poll_interval_s=args.poll_interval_s, max_body_bytes=args.max_body_bytes,
-                               connect_timeout_s=args.connect_timeout_s)
+                               connect_timeout_s=args.connect_timeout_s, salt_by_tenant=args.salt_cache_by_tenant)
     gateway = Gateway(settings)
     config = uvicorn.Config(gateway.app(), host=args.host, port=args.port, log_level=args.log_level,
                             access_log=False, timeout_graceful_shutdown=int(args.drain_timeout_s),
