@@ -1,5 +1,5 @@
 """OpenAI-style JSON errors, shaped and worded as flotilla-server words them, so a client cannot tell
-which of the two refused it (the gateway must not import the server: docs/architecture.md, "Layers")."""
+which of the two refused it (the gateway must not import the server: docs/gateway.md, "Layers")."""
 
 from __future__ import annotations
 
