@@ -28,14 +28,7 @@ import httpx
 import kmock
 from flotilla_gateway.bench.fake_upstream import FakeState, make_app
 
-from tests.support.k8s_emulator import (
-    BUILTIN_KINDS,
-    ApiError,
-    EmulatorHandle,
-    FlotillaEmulator,
-    Kind,
-    write_kubeconfig,
-)
+from tests.support.k8s_emulator import ApiError, EmulatorHandle, FlotillaEmulator, Kind, serve
 from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,38 +53,12 @@ class GatewayEmulator(FlotillaEmulator):
 
 @contextlib.contextmanager
 def serve_api(directory: Path) -> Iterator[EmulatorHandle]:
-    """The emulator on a free loopback port in a thread, with a kubeconfig at directory/kubeconfig."""
+    """The emulator serving InferenceModels and EndpointSlices, with a kubeconfig at directory/kubeconfig."""
     emulator = GatewayEmulator()
-    for kind in (*BUILTIN_KINDS, ENDPOINT_SLICES, INFERENCE_MODELS):
+    for kind in (ENDPOINT_SLICES, INFERENCE_MODELS):
         emulator.register(kind)
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    holder: dict[str, Any] = {}
-
-    async def main() -> None:
-        async with emulator:
-            server = aiohttp.test_utils.RawTestServer(emulator, host="127.0.0.1", port=0)
-            await server.start_server()
-            holder["url"], holder["stop"] = str(server.make_url("")).rstrip("/"), asyncio.Event()
-            started.set()
-            await holder["stop"].wait()
-            await server.close()
-
-    thread = threading.Thread(target=lambda: loop.run_until_complete(main()), name="k8s-emulator", daemon=True)
-    thread.start()
-    if not started.wait(10):
-        raise RuntimeError("the Kubernetes emulator did not start within 10 s")
-    kubeconfig = write_kubeconfig(directory / "kubeconfig", holder["url"])
-    handle = EmulatorHandle(holder["url"], str(kubeconfig), emulator, httpx.Client(base_url=holder["url"], timeout=10))
-    for ns in ("default", "team-a", "team-b"):
-        handle.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-    try:
+    with serve(directory, namespaces=("default", "team-a", "team-b"), emulator=emulator) as handle:
         yield handle
-    finally:
-        handle.http.close()
-        loop.call_soon_threadsafe(holder["stop"].set)
-        thread.join(10)
-        loop.close()
 
 
 def inference_model(name: str, *, namespace: str = "default", served: str | None = None, replicas: int = 1,
