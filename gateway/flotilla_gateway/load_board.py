@@ -33,7 +33,8 @@ class LoadBoard:
             return PodView(address, in_flight=in_flight)
         load, read_at = report
         return PodView(address, in_flight=in_flight, waiting=load.waiting, running=load.running, slots=load.slots,
-                       queue_capacity=load.queue_capacity, kv_usage=load.kv_usage, load_age_s=now - read_at)
+                       queue_capacity=load.queue_capacity, kv_usage=load.kv_usage, load_age_s=now - read_at,
+                       accepting=load.ready)
 
     def views(self, addresses: Iterable[str]) -> list[PodView]:
         now = time.monotonic()

@@ -4,8 +4,9 @@ It reads only the figures handed to it, so several gateway replicas given the sa
 choice without sharing state, and the fleet simulator can import it as it is.
 
 Rules:
-- a pod is saturated when its load figures are stale (older than STALE_AFTER_S, or never seen), its
-  admission queue is full, or its KV cache is full; saturated pods are filtered out unless all are;
+- a pod is saturated when its load figures are stale (older than STALE_AFTER_S, or never seen), it reports
+  that it takes no new work (draining), its admission queue is full, or its KV cache is full; saturated
+  pods are filtered out unless all are;
 - `least-load`: fewest in-flight (the gateway's own count) + waiting (the server's), then lowest KV usage;
 - `prefix`: consistent hashing with bounded loads (CHWBL, KubeAI's PrefixHash): VIRTUAL_NODES points per pod
   on a hash ring; walk clockwise from the key's hash to the first pod whose load + 1 stays within
@@ -43,6 +44,7 @@ class PodView:
     queue_capacity: int = 0
     kv_usage: float = 0.0
     load_age_s: float | None = None  # seconds since its load report was read; None: never read
+    accepting: bool = True  # the report's `ready`: loaded and not draining
 
     @property
     def load(self) -> int:
@@ -52,6 +54,8 @@ class PodView:
 def is_saturated(pod: PodView) -> bool:
     if pod.load_age_s is None or pod.load_age_s > STALE_AFTER_S:
         return True  # stale figures: assume the worst
+    if not pod.accepting:
+        return True
     if pod.queue_capacity > 0 and pod.waiting >= pod.queue_capacity:
         return True
     return pod.kv_usage >= KV_FULL

@@ -7,9 +7,9 @@ import json
 
 import pytest
 from flotilla_gateway.body_guard import body_problem, model_problem, too_large_message
-from flotilla_server.api.body_guard import BodyGuard
-from flotilla_server.api.errors import describe_validation_error
-from flotilla_server.api.schemas import CompletionRequest
+from flotilla_server.http.body_guard import BodyGuard
+from flotilla_server.http.errors import describe_validation_error
+from flotilla_server.http.schemas import CompletionRequest
 from pydantic import ValidationError
 
 

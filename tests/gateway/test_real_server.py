@@ -72,6 +72,13 @@ def test_the_openai_sdk_streams_through_the_gateway(setup: Setup) -> None:
     assert [m.id for m in direct.models.list().data] == ["tiny"]
 
 
+def test_the_gateway_reads_the_servers_load_report(setup: Setup) -> None:
+    pod = setup.server.base_url.removeprefix("http://")
+    ages = [line for line in httpx.get(setup.gateway.url + "/metrics").text.splitlines()
+            if line.startswith("flotilla_gateway_pod_load") and f'pod="{pod}"' in line and "age_seconds" in line]
+    assert len(ages) == 1 and 0 <= float(ages[0].rsplit(" ", 1)[1]) < 1  # read, and fresh
+
+
 @pytest.mark.parametrize(("key", "model", "status"), [
     (None, "tiny", 401), ("sk-wrong", "tiny", 401), ("sk-team-b", "tiny", 403),
 ])

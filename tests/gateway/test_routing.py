@@ -36,6 +36,7 @@ def pod(address: str, in_flight: int = 0, waiting: int = 0, kv: float = 0.1, age
     (pod("a", waiting=15), False),
     (pod("a", kv=0.99), True),  # KV cache full
     (pod("a", in_flight=100), False),  # the gateway's own count is load, not saturation
+    (PodView("a", slots=4, queue_capacity=16, load_age_s=0.1, accepting=False), True),  # draining
 ])
 def test_saturation(view: PodView, saturated: bool) -> None:
     assert is_saturated(view) is saturated
@@ -114,7 +115,7 @@ views = st.builds(
     PodView, address=st.sampled_from([f"10.0.0.{i}:8000" for i in range(8)]),
     in_flight=st.integers(0, 50), waiting=st.integers(0, 40), running=st.integers(0, 8), slots=st.integers(1, 8),
     queue_capacity=st.integers(0, 32), kv_usage=st.floats(0, 1),
-    load_age_s=st.one_of(st.none(), st.floats(0, 3)),
+    load_age_s=st.one_of(st.none(), st.floats(0, 3)), accepting=st.booleans(),
 )
 pod_lists = st.lists(views, max_size=8, unique_by=lambda p: p.address)
 
