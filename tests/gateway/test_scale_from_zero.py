@@ -172,3 +172,22 @@ def test_sigterm_refuses_held_requests_and_finishes_streams(fleet: Fleet, tmp_pa
         assert gateway.process.wait(15) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once drained
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
     assert "data: [DONE]" in lines and len([x for x in lines if x.startswith("data: ")]) == 61
+
+
+def test_the_charts_cluster_role_allows_every_request_of_the_gateway(fleet: Fleet) -> None:
+    from tests.chart.render import by_kind, render
+    from tests.support.rbac import allows
+
+    fleet.k8s.create(inference_model("audited", replicas=0, coldStart={"maxWaitSeconds": 1}))
+    wait(lambda: "audited" in httpx.get(fleet.gateway.url + "/v1/models").text)
+    httpx.post(fleet.gateway.url + "/v1/completions", json=body("audited"), timeout=10)
+    wait(lambda: "flotilla.dev/woken-at" in (fleet.k8s.get(*IM, "audited", "default")["metadata"].get("annotations") or {}))
+    (role,) = [r for r in by_kind(render("default"), "ClusterRole") if r["metadata"]["name"].endswith("-gateway")]
+    requests = {(e.verb, e.group, e.resource) for e in fleet.k8s.emulator.audit if e.user_agent == "flotilla-gateway"}
+    assert {("patch", "flotilla.dev", "inferencemodels/scale"), ("patch", "flotilla.dev", "inferencemodels"),
+            ("watch", "discovery.k8s.io", "endpointslices")} <= requests
+    refused = [r for r in requests if not allows(role["rules"], *r)]
+    assert refused == []
+    granted = {(verb, group, resource) for rule in role["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    assert granted == requests  # and nothing more: least privilege
