@@ -6,7 +6,6 @@ any is held."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 
