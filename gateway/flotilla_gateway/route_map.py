@@ -3,7 +3,8 @@
 Rules:
 - a model is known as soon as its InferenceModel exists, with or without ready pods (a known model is
   held, never 404: docs/gateway.md, "Route map");
-- two InferenceModels serving one name: the older (creationTimestamp, then namespace) keeps the name;
+- two InferenceModels serving one name: the older (creationTimestamp, then namespace, then name) keeps the
+  name; the operator marks the other Degraded ModelNameConflict with the same rule;
 - a model's pods are the ready endpoints of the EndpointSlices labelled with its Service's name (the
   Service is named after the InferenceModel, in its namespace); an endpoint with no `ready` condition
   counts as ready, as Kubernetes documents.
@@ -102,7 +103,7 @@ def build_routes(models: Iterable[dict[str, Any]], slices: Iterable[dict[str, An
     routes: dict[str, ModelRoute] = {}
     live = [m for m in models if not _get(m, "metadata", "deletionTimestamp")]
     for model in sorted(live, key=lambda m: (_get(m, "metadata", "creationTimestamp") or "",
-                                             _get(m, "metadata", "namespace") or "")):
+                                             _get(m, "metadata", "namespace") or "", _get(m, "metadata", "name"))):
         route = route_of(model)
         if route.name in routes:
             continue  # the older InferenceModel keeps the name; the operator marks this one Degraded
