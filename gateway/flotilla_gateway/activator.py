@@ -34,6 +34,7 @@ class Activator:
         self.routes = routes
         self.queues: dict[Key, deque[asyncio.Future[None]]] = {}
         self.released: dict[Key, set[asyncio.Future[None]]] = {}  # released, not yet sent to a pod
+        self.enqueued_at: dict[asyncio.Future[None], float] = {}  # monotonic time each held request came
         self.draining = False
 
     def held(self, route: ModelRoute) -> int:
@@ -47,8 +48,9 @@ class Activator:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         queue = self.queues.setdefault(key, deque())
         queue.append(future)
-        self._gauge(route, queue)
         started = time.monotonic()
+        self.enqueued_at[future] = started
+        self._gauge(route, queue)
         try:
             self.pump()
             waits = {future} if client_gone is None else {future, client_gone}
@@ -62,6 +64,7 @@ class Activator:
             with contextlib.suppress(ValueError):
                 queue.remove(future)  # still queued: timed out, cancelled (client left) or drained
             self.released.get(key, set()).discard(future)  # from here the pod's in-flight count has it
+            self.enqueued_at.pop(future, None)
             if not queue and self.queues.get(key) is queue:
                 del self.queues[key]
             self._gauge(route, queue)
@@ -99,3 +102,15 @@ class Activator:
 
     def _gauge(self, route: ModelRoute, queue: deque[asyncio.Future[None]]) -> None:
         self.metrics.held.labels(route.name, route.namespace).set(len(queue))
+        oldest = min((self.enqueued_at.get(f, time.monotonic()) for f in queue), default=None)
+        age_s = time.monotonic() - oldest if oldest is not None else 0.0
+        self.metrics.oldest_held.labels(route.name, route.namespace).set(age_s)
+        self.metrics.max_wait.labels(route.name, route.namespace).set(route.max_wait_s)
+
+    def refresh_gauges(self) -> None:
+        """Ages grow between events: the load poll calls this several times a second."""
+        routes = self.routes()
+        for (namespace, name), queue in self.queues.items():
+            route = routes.get(name)
+            if route is not None and route.namespace == namespace:
+                self._gauge(route, queue)

@@ -117,6 +117,7 @@ class Gateway:
                                       ("age_seconds", view.load_age_s if view.load_age_s is not None else -1)):
                     self.metrics.pod_load.labels(route.name, route.namespace, view.address, figure).set(value)
         self.activator.pump()
+        self.activator.refresh_gauges()
 
     # -- the request path ----------------------------------------------------------------------------
 

@@ -11,6 +11,8 @@ from flotilla_gateway.route_map import ModelRoute
 
 REQUESTS = "flotilla_gateway_requests"  # exported as flotilla_gateway_requests_total
 HOLD_SECONDS = "flotilla_gateway_hold_seconds"
+OLDEST_HELD_SECONDS = "flotilla_gateway_oldest_held_seconds"
+MAX_WAIT_SECONDS = "flotilla_gateway_hold_max_wait_seconds"
 RETRIES = "flotilla_gateway_upstream_retries"
 WAKES = "flotilla_gateway_wakes"
 ROUTING_SECONDS = "flotilla_gateway_routing_decision_seconds"
@@ -30,6 +32,10 @@ class GatewayMetrics:
                           list(MODEL), registry=r)
         self.hold_seconds = Histogram(HOLD_SECONDS, "Time a request was held before release or refusal.",
                                       list(MODEL), buckets=HOLD_BUCKETS_S, registry=r)
+        self.oldest_held = Gauge(OLDEST_HELD_SECONDS, "Age of the oldest held request (0 when none is held).",
+                                 list(MODEL), registry=r)
+        self.max_wait = Gauge(MAX_WAIT_SECONDS, "The model's spec.coldStart.maxWaitSeconds, while requests are held.",
+                              list(MODEL), registry=r)
         self.retries = Counter(RETRIES, "Requests resent to another pod before their first byte, by reason.",
                                [*MODEL, "reason"], registry=r)
         self.wakes = Counter(WAKES, "Scale-from-zero writes, by result (woken, lost_race, failed).",

@@ -52,6 +52,12 @@ def test_held_requests_wake_the_model_and_complete(fleet: Fleet) -> None:
     async def scenario() -> list[httpx.Response]:
         sending = asyncio.ensure_future(post_all(fleet.gateway.url, "sleepy", 20))
         await asyncio.to_thread(wait, lambda: held(fleet.gateway.url, "sleepy") == 20, 10, "20 held")
+        await asyncio.sleep(0.3)  # a load poll or two refresh the ages
+        metrics = httpx.get(fleet.gateway.url + "/metrics").text
+        assert 'flotilla_gateway_hold_max_wait_seconds{model="sleepy",model_namespace="default"} 300.0' in metrics
+        oldest = next(line for line in metrics.splitlines()
+                      if line.startswith('flotilla_gateway_oldest_held_seconds{model="sleepy"'))
+        assert float(oldest.rsplit(" ", 1)[1]) > 0.2
         assert replicas(fleet, "sleepy") == 1  # woken at once, before any pod exists
         meta = fleet.k8s.get(*IM, "sleepy", "default")["metadata"]
         assert meta["annotations"]["flotilla.dev/woken-at"].endswith("Z")
