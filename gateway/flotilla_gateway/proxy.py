@@ -60,11 +60,13 @@ class Proxy:
                       policy: Policy, outcome: Outcome, on_done: Callable[[], None]) -> Relay:
         """The pod's response, streaming; GatewayError when no pod could answer. `on_done` runs once the
         stream ends, however it ends. The first pod is picked before the first await (see activator)."""
-        last_error = "no ready pod"
+        last_error, retry_reason = "no ready pod", ""
         while outcome.attempts <= MAX_RETRIES:
             address = self._pick(route, key, policy, outcome.tried)
             if address is None:
                 break
+            if retry_reason:  # counted when the retry really goes out
+                self.metrics.retries.labels(route.name, route.namespace, retry_reason).inc()
             outcome.attempts += 1
             outcome.tried.add(address)
             outcome.pod = address
@@ -75,8 +77,7 @@ class Proxy:
                                                    timeout=self.timeout, auto_decompress=False)
             except (aiohttp.ClientConnectionError, TimeoutError, OSError) as error:
                 self._release(address)
-                last_error = f"{address} unreachable ({type(error).__name__})"
-                self._count_retry(route, "connect_error", outcome)
+                last_error, retry_reason = f"{address} unreachable ({type(error).__name__})", "connect_error"
                 continue
             except BaseException:
                 self._release(address)
@@ -86,8 +87,7 @@ class Proxy:
             if retry and outcome.attempts <= MAX_RETRIES and len(outcome.tried) < len(route.pods):
                 upstream.close()
                 self._release(address)
-                last_error = f"{address} answered {upstream.status}"
-                self._count_retry(route, str(upstream.status), outcome)
+                last_error, retry_reason = f"{address} answered {upstream.status}", str(upstream.status)
                 continue
             outcome.status = upstream.status
             outcome.first_byte_s = time.monotonic() - started
@@ -108,10 +108,6 @@ class Proxy:
         else:
             self.board.in_flight.pop(address, None)
         self.on_finish()
-
-    def _count_retry(self, route: ModelRoute, reason: str, outcome: Outcome) -> None:
-        if outcome.attempts <= MAX_RETRIES:
-            self.metrics.retries.labels(route.name, route.namespace, reason).inc()
 
 
 class Relay:

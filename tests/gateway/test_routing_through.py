@@ -107,17 +107,18 @@ def test_retries_before_the_first_byte_go_to_another_pod(fleet: Fleet) -> None:
 
 
 def test_connect_errors_are_retried(fleet: Fleet) -> None:
-    live = fleet.new_address()
-    fleet.pods.start(live)
-    dead = fleet.new_address()  # published, nothing listens
+    dead, live = sorted((fleet.new_address(), fleet.new_address()))  # published; nothing listens on `dead`
+    fleet.pods.start(live).load_enabled = False  # no figures from either: neither is filtered out
     from tests.support.gateway_cluster import publish
 
     fleet.k8s.create(inference_model("flaky", replicas=2))
     publish(fleet.k8s, "flaky", [dead, live], fleet.pods.port)
     wait(lambda: fleet.routed("flaky", 2))
-    for _ in range(6):
+    for _ in range(6):  # equal loads: least-load tries the lower address, `dead`, first
         r = httpx.post(fleet.gateway.url + "/v1/completions", json={"model": "flaky", "prompt": "p", "max_tokens": 1})
         assert r.status_code == 200 and r.json()["served_by"] == live
+    assert ('flotilla_gateway_upstream_retries_total{model="flaky",model_namespace="default",reason="connect_error"} 6.0'
+            in httpx.get(fleet.gateway.url + "/metrics").text)
 
 
 def test_least_load_avoids_the_deep_queue(fleet: Fleet) -> None:
