@@ -104,7 +104,7 @@ def test_a_wake_racing_an_autoscaler_write_keeps_the_larger_count(fleet: Fleet) 
 
     async def scenario() -> None:
         sending = asyncio.ensure_future(post_all(fleet.gateway.url, "racy", 1))
-        await asyncio.sleep(0.3)
+        await asyncio.to_thread(wait, lambda: held(fleet.gateway.url, "racy") == 1, 10, "held, its wake sent")
         await asyncio.to_thread(fleet.k8s.request, "PUT", "/apis/flotilla.dev/v1alpha1/namespaces/default/"
                                 "inferencemodels/racy/scale", json={"spec": {"replicas": 3}})
         await sending

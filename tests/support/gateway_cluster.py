@@ -165,7 +165,7 @@ def start_gateway(kubeconfig: str, log_path: Path, *args: str, wait_ready: bool 
     with log_path.open("ab") as log:
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     gateway = GatewayProcess(process, port, log_path)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60  # a loaded shared CPU can take that long to import and list
     probe = "/readyz" if wait_ready else "/healthz"
     while True:
         try:
