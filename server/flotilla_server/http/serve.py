@@ -12,6 +12,7 @@ import asyncio
 import logging
 import signal
 from types import FrameType
+from typing import Protocol
 
 import uvicorn
 
@@ -27,8 +28,19 @@ log = logging.getLogger("flotilla.server")
 _CUT_OFF_FLUSH_S = 0.5  # after a drain timeout, time for cut-off streams to send their last chunk
 
 
+class Drainable(Protocol):
+    """What draining needs of a server: ServerState (one model) or PoolFront (several)."""
+
+    draining: bool
+    in_flight: int
+
+    async def wait_idle(self, timeout_s: float) -> bool: ...
+
+    def cut_off(self, reason: str) -> None: ...
+
+
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, state: ServerState, drain_timeout_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, state: Drainable, drain_timeout_s: float) -> None:
         super().__init__(config)
         self._state = state
         self._drain_timeout_s = drain_timeout_s
@@ -53,8 +65,7 @@ class DrainingServer(uvicorn.Server):
         self.drained_cleanly = await self._state.wait_idle(self._drain_timeout_s)
         if not self.drained_cleanly:
             log.warning("drain timeout: %d request(s) still in flight are cut off", self._state.in_flight)
-            for request_id in list(self._state.live):  # their streams end with an error chunk, then [DONE]
-                self._state.engine.abort(request_id, "drain_timeout")
+            self._state.cut_off("drain_timeout")  # their streams end with an error chunk, then [DONE]
             await self._state.wait_idle(_CUT_OFF_FLUSH_S)
         self.should_exit = True
 
