@@ -120,7 +120,7 @@ def _main_multi_model(settings: ServerSettings) -> int:
     from flotilla_server.http.pool_serve import serve_pool
     from flotilla_server.model_cache.budget import default_budget_bytes
     from flotilla_server.model_cache.cache import ModelCache
-    from flotilla_server.model_cache.engines import InProcessEngines
+    from flotilla_server.model_cache.inprocess import InProcessEngines
 
     engines = InProcessEngines(settings.engine_config())
     budget = settings.memory_budget_bytes or default_budget_bytes(settings.device)
