@@ -62,7 +62,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
             extra = {}
         parser.add_argument(flag.flag, dest=flag.dest, type=kind, default=default, **extra,
                             metavar=flag.env.removeprefix("FLOTILLA_"),
-                            help=f"{flag.help} [env {flag.env}{_default_note(flag)}]")
+                            help=f"{flag.help} [env {flag.env}{_default_note(flag)}]".replace("%", "%%"))
     return parser
 
 
