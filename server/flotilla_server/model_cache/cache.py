@@ -1,9 +1,10 @@
 """The model cache of a multi-model server: which models are loaded, one load worker, eviction by policy.
 
 Requests reach a model through `acquire` (on the event loop) and give it back with `release`; a model with
-holders is busy and never evicted. Loads run one at a time on one worker thread at a lower CPU priority
-(nice), so requests to resident models keep their engine threads' CPU while another model loads, and the
-event loop never waits on a load. What to evict is `policy.decide_load`'s answer, never decided here
+holders is busy and never evicted. Loads run one at a time on one worker thread, so the event loop never
+waits on a load; the heavy part (reading weights) is the engines' business, and the in-process engines do
+it in a niced helper process on one thread, so resident models keep their CPU and the GIL while another
+model loads. The worker itself is not niced: a niced thread holding the GIL would stall the engines. What to evict is `policy.decide_load`'s answer, never decided here
 (docs/architecture.md, "Model cache"). Engines are started and stopped only through `engines.Engines`.
 """
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +23,6 @@ from flotilla_server.model_cache.specs import ModelListFile, ModelSpec, merge
 
 log = logging.getLogger("flotilla.model_cache")
 
-LOAD_NICE = 10  # the load worker's niceness, added to the process's: resident models' engines go first
 LIST_POLL_S = 1.0  # how often the model list file is checked for changes
 _IDLE_WAIT_S = 1.0  # the worker re-checks the list file and waiting loads at least this often
 
@@ -221,10 +220,11 @@ class ModelCache:
     # --- the load worker ------------------------------------------------------------------------
 
     def start(self) -> None:
+        self.engines.start()
         self._thread = threading.Thread(target=self._run, name="flotilla-model-loader", daemon=True)
         self._thread.start()
 
-    def shutdown(self, timeout_s: float = 30.0) -> None:
+    def shutdown(self, timeout_s: float = 30.0, close_engines: bool = True) -> None:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
@@ -232,12 +232,10 @@ class ModelCache:
             self._thread.join(timeout_s)
         for handle in self.handles():
             handle.engine.shutdown()
+        if close_engines:
+            self.engines.close()
 
     def _run(self) -> None:
-        try:  # this thread only: Linux keeps a nice value per thread
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), os.getpriority(os.PRIO_PROCESS, 0) + LOAD_NICE)
-        except OSError as e:
-            log.warning("load worker keeps normal priority: %s", e)
         while True:
             self._refresh_list()
             with self._cond:

@@ -39,3 +39,9 @@ class Engines(Protocol):
 
     def unload(self, handle: ModelEngine) -> None:
         """Stop the engine and free its memory; the caller has dropped every other reference to it."""
+
+    def start(self) -> None:
+        """Before the first load (helpers, warm-up); may do nothing."""
+
+    def close(self) -> None:
+        """After the last unload: stop what `start` started."""

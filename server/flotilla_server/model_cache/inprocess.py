@@ -1,5 +1,6 @@
 """Each model's engine in this process, as a single-model server runs it: its own EngineCore, KV pool and
-engine thread. The `engines.Engines` implementation the CLI picks today (docs/architecture.md, "Model cache")."""
+engine thread; only the weights are read in a helper process (weights_process.py). The `engines.Engines`
+implementation the CLI picks today (docs/architecture.md, "Model cache")."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from flotilla_server.engine.config import EngineConfig
 from flotilla_server.model.config import ModelConfig
 from flotilla_server.model_cache.engines import ModelEngine
 from flotilla_server.model_cache.footprint import DTYPE_BYTES, kv_block_bytes, model_bytes
+from flotilla_server.model_cache.weights_process import WeightsProcess
 
 
 def source_config(source: str) -> ModelConfig:
@@ -34,6 +36,14 @@ class InProcessEngines:
         if config.kv_cache_memory_bytes is None and config.num_kv_blocks is None:
             raise ValueError("multi-model mode needs a fixed KV pool per model: set --kv-cache-memory")
         self.config = config
+        self.weights = WeightsProcess()
+
+    def start(self) -> None:
+        """Start the weights helper now, so the first load does not wait for its start-up."""
+        self.weights.start()
+
+    def close(self) -> None:
+        self.weights.close()
 
     def footprint_bytes(self, source: str) -> int:
         c = self.config
@@ -41,9 +51,18 @@ class InProcessEngines:
                            c.kv_cache_memory_bytes or 0)
 
     def load(self, name: str, source: str) -> ModelEngine:
-        from flotilla_server.engine.factory import build_engine
+        from flotilla_server.engine.client import EngineClient
+        from flotilla_server.engine.core import EngineCore
+        from flotilla_server.model.loader import load_model_with_weights
 
-        engine, loaded, max_model_len = build_engine(replace(self.config, model=source))
+        config = replace(self.config, model=source)
+        weights = self.weights.load(source, config.dtype)  # in the niced helper process
+        loaded = load_model_with_weights(source, weights, config.dtype, config.device)
+        del weights
+        core = EngineCore(config, loaded)
+        engine = EngineClient(core)
+        engine.start()
+        max_model_len = core.max_model_len
         weights = sum(p.numel() for p in loaded.model.parameters()) * DTYPE_BYTES[self.config.dtype]
         c = self.config
         kv = engine.stats().kv_blocks_total * kv_block_bytes(loaded.config, c.block_size, c.dtype)

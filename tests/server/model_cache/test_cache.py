@@ -17,6 +17,14 @@ TINY_BYTES = ENGINES.footprint_bytes("tiny")
 THREE = tuple(ModelSpec(n, "tiny") for n in ("a", "b", "c"))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def weights_helper():
+    """One weights helper process for the module (its start-up imports torch)."""
+    ENGINES.start()
+    yield
+    ENGINES.close()
+
+
 @pytest.fixture
 def cache_of():
     made = []
@@ -33,7 +41,7 @@ def cache_of():
 
     yield make
     for cache in made:
-        cache.shutdown()
+        cache.shutdown(close_engines=False)
 
 
 async def use(cache: ModelCache, name: str, timeout_s: float = 60.0) -> None:

@@ -3,6 +3,9 @@ the in-process engines measure what the footprint predicted."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 from flotilla_server.engine.config import EngineConfig
 from flotilla_server.model import load_model
@@ -22,14 +25,20 @@ def test_parameter_count_equals_the_loaded_models(arch, overrides, tmp_path):
     assert parameter_count(loaded.config) == sum(p.numel() for p in loaded.model.parameters())
 
 
-def test_loaded_memory_is_the_predicted_footprint():
+def test_loaded_memory_is_the_predicted_footprint_and_unloading_frees_the_model():
     engines = InProcessEngines(EngineConfig(kv_cache_memory_bytes=4 * 2**20, max_num_seqs=4))
-    handle = engines.load("t", "tiny")
     try:
+        handle = engines.load("t", "tiny")
         assert handle.memory_bytes == engines.footprint_bytes("tiny")
         assert handle.engine.stats().kv_blocks_total > 0
-    finally:
+        model = weakref.ref(handle.engine.core.loaded.model)
+        kv = weakref.ref(handle.engine.core.runner.kv)
         engines.unload(handle)
+        del handle
+        gc.collect()
+        assert model() is None and kv() is None  # no reference survives: the tensors are freed
+    finally:
+        engines.close()
 
 
 def test_an_unreadable_source_says_what_to_give(tmp_path):
