@@ -10,7 +10,7 @@ from __future__ import annotations
 from flotilla_contract.load import ModelLoad, ServerLoad
 
 from flotilla_server.engine.outputs import EngineStats
-from flotilla_server.model_cache.cache import ModelStatus
+from flotilla_server.model_cache.status import ModelStatus
 
 
 def server_load(*, stats: EngineStats, queued: int, queue_capacity: int, accepting: bool,

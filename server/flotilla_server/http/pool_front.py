@@ -19,17 +19,18 @@ from functools import partial
 from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
 
-from flotilla_server.http.admission import AdmissionQueue
 from flotilla_server.http.app import create_app, start_serving, stop_serving
 from flotilla_server.http.errors import error_body
 from flotilla_server.http.metrics import StateSnapshot
 from flotilla_server.http.pool_metrics import PoolMetrics
 from flotilla_server.http.refusals import DRAINING_HEADERS, DRAINING_MESSAGE, retry_after_s
+from flotilla_server.http.serve import build_state
 from flotilla_server.http.settings import ServerSettings
 from flotilla_server.http.shedder import GENERATION_PATHS, _answer
-from flotilla_server.http.state import ServerState
-from flotilla_server.model_cache.cache import Infeasible, LoadFailed, LoadTimeout, ModelCache, UnknownModel
+from flotilla_server.http.state import ServedModel, ServerState
+from flotilla_server.model_cache.cache import ModelCache
 from flotilla_server.model_cache.engines import ModelEngine
+from flotilla_server.model_cache.status import Infeasible, LoadFailed, LoadTimeout, UnknownModel
 
 log = logging.getLogger("flotilla.server")
 
@@ -104,12 +105,10 @@ class PoolFront:
         if lane is not None and lane.handle is handle:
             return lane
         s = self.settings
-        state = ServerState(
-            engine=handle.engine, tokenizer=handle.tokenizer, served_model_name=handle.name,
-            max_model_len=handle.max_model_len, vocab_size=handle.vocab_size, model_description=handle.description,
-            admission=AdmissionQueue(handle.engine, depth=s.queue_capacity, max_overtakes=s.max_num_seqs,
-                                     queue_timeout_s=s.queue_timeout_s),
-        )
+        state = build_state(s, handle.engine, ServedModel(
+            name=handle.name, tokenizer=handle.tokenizer, vocab_size=handle.vocab_size,
+            max_model_len=handle.max_model_len, description=handle.description,
+            is_demonstration=handle.is_demonstration))
         state.metrics = self.metrics.for_model(handle.name, partial(self._snapshot, handle.name))
         state.draining = self._draining
         lane = self.lanes[handle.name] = Lane(handle, state, create_app(state, s.max_body_bytes))

@@ -16,7 +16,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from flotilla_server.http.metrics import ServerMetrics, StateSnapshot
-from flotilla_server.model_cache.cache import ModelStatus
+from flotilla_server.model_cache.status import ModelStatus
 
 _LOAD_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
 MODEL_STATES = ("loaded", "loading", "available")

@@ -10,7 +10,8 @@ from flotilla_server.http.pool_front import PoolFront
 from flotilla_server.http.pool_routes import create_pool_app
 from flotilla_server.http.serve import DrainingServer, curl_example
 from flotilla_server.http.settings import ServerSettings
-from flotilla_server.model_cache.cache import CacheHooks, ModelCache
+from flotilla_server.model_cache.cache import ModelCache
+from flotilla_server.model_cache.status import CacheHooks
 
 
 def build_front(settings: ServerSettings, cache: ModelCache) -> PoolFront:

@@ -83,17 +83,22 @@ def configure_logging(settings: ServerSettings) -> None:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def serve(settings: ServerSettings, engine: EngineClient, model: ServedModel) -> int:
-    """Serve until drained; shuts the (started) engine down on the way out."""
-    name = model.name
-    state = ServerState(
-        engine=engine, tokenizer=model.tokenizer, served_model_name=name, max_model_len=model.max_model_len,
+def build_state(settings: ServerSettings, engine: EngineClient, model: ServedModel) -> ServerState:
+    """One model's serving state: its engine, tokenizer and admission queue (a multi-model server's lanes too)."""
+    return ServerState(
+        engine=engine, tokenizer=model.tokenizer, served_model_name=model.name, max_model_len=model.max_model_len,
         vocab_size=model.vocab_size, model_description=model.description,
         admission=AdmissionQueue(
             engine, depth=settings.queue_capacity,
             max_overtakes=settings.max_num_seqs, queue_timeout_s=settings.queue_timeout_s,
         ),
     )
+
+
+def serve(settings: ServerSettings, engine: EngineClient, model: ServedModel) -> int:
+    """Serve until drained; shuts the (started) engine down on the way out."""
+    name = model.name
+    state = build_state(settings, engine, model)
     app = create_app(state, settings.max_body_bytes)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_graceful_shutdown=1, access_log=False, http=BoundedH11Protocol)

@@ -20,30 +20,22 @@ from dataclasses import dataclass, field
 from flotilla_server.model_cache.engines import Engines, ModelEngine
 from flotilla_server.model_cache.policy import Action, Resident, decide_load
 from flotilla_server.model_cache.specs import ModelListFile, ModelSpec, merge
+from flotilla_server.model_cache.status import (
+    AVAILABLE,
+    LOADED,
+    LOADING,
+    CacheHooks,
+    Infeasible,
+    LoadFailed,
+    LoadTimeout,
+    ModelStatus,
+    UnknownModel,
+)
 
 log = logging.getLogger("flotilla.model_cache")
 
 LIST_POLL_S = 1.0  # how often the model list file is checked for changes
 _IDLE_WAIT_S = 1.0  # the worker re-checks the list file and waiting loads at least this often
-
-AVAILABLE, LOADING, LOADED = "available", "loading", "loaded"
-
-
-class UnknownModel(LookupError):
-    pass
-
-
-class Infeasible(ValueError):
-    """The model can never fit the memory budget."""
-
-
-class LoadTimeout(TimeoutError):
-    pass
-
-
-class LoadFailed(RuntimeError):
-    pass
-
 
 @dataclass(eq=False)
 class _Entry:
@@ -56,25 +48,6 @@ class _Entry:
     users: int = 0  # requests holding the model or waiting for its load
     waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = field(default_factory=list)
     listed: bool = True  # still in the flags or the list file
-
-
-@dataclass(frozen=True)
-class ModelStatus:
-    name: str
-    state: str  # loaded | loading | available
-    memory_bytes: int  # held now (loaded or loading), else 0
-    footprint_bytes: int
-    users: int
-    idle_s: float | None  # seconds since it last served; None: never used
-
-
-@dataclass
-class CacheHooks:
-    """What the HTTP side is told; each runs on the worker thread and must not block long."""
-
-    evicting: Callable[[str], None] = lambda name: None  # drop everything that holds this model's engine
-    load_seconds: Callable[[float], None] = lambda s: None
-    evicted: Callable[[str], None] = lambda name: None
 
 
 class ModelCache:

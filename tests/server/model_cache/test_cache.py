@@ -7,9 +7,10 @@ import asyncio
 
 import pytest
 from flotilla_server.engine.config import EngineConfig
-from flotilla_server.model_cache.cache import CacheHooks, Infeasible, LoadTimeout, ModelCache, UnknownModel
+from flotilla_server.model_cache.cache import ModelCache
 from flotilla_server.model_cache.inprocess import InProcessEngines
 from flotilla_server.model_cache.specs import ModelSpec
+from flotilla_server.model_cache.status import CacheHooks, Infeasible, LoadTimeout, UnknownModel
 
 ENGINES = InProcessEngines(EngineConfig(kv_cache_memory_bytes=2**20, max_num_seqs=2, max_num_batched_tokens=64,
                                         prefill_chunk=64))
