@@ -8,6 +8,7 @@ test measures (resident step rate idle and while another model loads, the TTFT r
 
 from __future__ import annotations
 
+import json
 import statistics
 import threading
 import time
@@ -37,7 +38,13 @@ def pool(tmp_path_factory):
     engines = InProcessEngines(EngineConfig(kv_cache_memory_bytes=KV_BYTES))
     footprints = {name: engines.footprint_bytes(src) for name, src in sources.items()}
     budget = sum(footprints.values()) - min(footprints.values())  # any two fit, never all three
-    model_args = tuple(a for name, src in sources.items() for a in ("--model", f"{name}={src}"))
+    huge = tmp / "huge"  # a member that could never fit: its size is known from config.json alone
+    huge.mkdir()
+    config = json.loads((Path(sources["small"]) / "config.json").read_text())
+    (huge / "config.json").write_text(json.dumps({**config, "hidden_size": 4096, "intermediate_size": 14336,
+                                                  "num_hidden_layers": 32, "num_attention_heads": 32}))
+    model_args = tuple(a for name, src in {**sources, "huge": str(huge)}.items()
+                       for a in ("--model", f"{name}={src}"))
     with run_server("--memory-budget", str(budget), "--kv-cache-memory", str(KV_BYTES), "--min-residency-s", "0",
                     "--max-num-seqs", "8", "--load-timeout-s", "120", tmp_path=tmp, model_args=model_args) as server:
         server.footprints = footprints
@@ -80,7 +87,7 @@ def test_requests_cycling_through_three_models_all_complete_and_evictions_are_co
         ask(pool, ("tiny", "small", "big")[i % 3])
     assert evictions(pool) - before >= 3  # from the third request on, every load evicts one model
     states = model_states(pool)
-    assert sorted(states.values()) == ["available", "loaded", "loaded"]
+    assert sorted(states.values()) == ["available", "available", "loaded", "loaded"]  # huge never loads
     load = httpx.get(f"{pool.base_url}/flotilla/v1/load").json()
     assert load["memory_budget_bytes"] == pool.budget
     assert {m["name"]: m["state"] for m in load["models"]} == states
@@ -88,10 +95,16 @@ def test_requests_cycling_through_three_models_all_complete_and_evictions_are_co
     assert pool.metric("flotilla_model_load_seconds_count") >= 6 - 2
 
 
-def test_a_model_that_can_never_fit_and_an_unknown_model_are_refused_at_once(pool, tmp_path):
+def test_a_model_that_can_never_fit_and_an_unknown_model_are_refused_at_once(pool):
     body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
     unknown = httpx.post(f"{pool.base_url}/v1/chat/completions", json={**body, "model": "nope"}, timeout=10)
     assert unknown.status_code == 404 and "tiny" in unknown.json()["error"]["message"]
+    started = time.monotonic()
+    huge = httpx.post(f"{pool.base_url}/v1/chat/completions", json={**body, "model": "huge"}, timeout=10)
+    error = huge.json()["error"]
+    assert huge.status_code == 400 and error["code"] == "model_too_large" and "--memory-budget" in error["message"]
+    assert time.monotonic() - started < 5  # at once: nothing loaded, nothing evicted
+    assert model_states(pool)["huge"] == "available"
 
 
 def test_resident_models_keep_stepping_while_another_model_loads(pool):
@@ -121,27 +134,24 @@ def test_resident_models_keep_stepping_while_another_model_loads(pool):
                 break
             time.sleep(0.1)
 
-    threads = [threading.Thread(target=stream), threading.Thread(target=probe)]
-    for t in threads:
-        t.start()
-    time.sleep(3.0)  # idle window: no load going on
     window: list[float] = []
 
-    def watch() -> None:  # the load window, as the load report shows it
+    def watch() -> None:  # the load window, as /v1/models shows it; polls through both windows alike
         while not stop.is_set():
             state = model_states(pool)["big"]
             if state == "loading" and not window:
                 window.append(time.monotonic())
-            if state == "loaded" and window:
+            if state == "loaded" and len(window) == 1:
                 window.append(time.monotonic())
-                return
-            time.sleep(0.02)
+            time.sleep(0.05)
 
-    watcher = threading.Thread(target=watch)
-    watcher.start()
+    threads = [threading.Thread(target=f) for f in (stream, probe, watch)]
+    for t in threads:
+        t.start()
+    time.sleep(3.0)  # idle window: no load going on
     idle_end = time.monotonic()
     ask(pool, "big", max_tokens=1)  # evicts small (least recently used), loads big
-    watcher.join(10)
+    time.sleep(0.2)
     stop.set()
     for t in threads:
         t.join(30)
