@@ -1,5 +1,6 @@
-"""The model cache over real in-process engines (tiny): loads on demand, evicts by the policy, never a busy
-model, refuses a model that can never fit, follows the model list file; each rule from the request side."""
+"""The model cache over real in-process engines (a small random Llama directory, quicker to load than tiny):
+loads on demand, evicts by the policy, never a busy model, refuses a model that can never fit, follows the
+model list file; each rule from the request side."""
 
 from __future__ import annotations
 
@@ -12,15 +13,20 @@ from flotilla_server.model_cache.inprocess import InProcessEngines
 from flotilla_server.model_cache.specs import ModelSpec
 from flotilla_server.model_cache.status import CacheHooks, Infeasible, LoadTimeout, UnknownModel
 
+from tests.support.hf_models import make_hf_model_dir
+
 ENGINES = InProcessEngines(EngineConfig(kv_cache_memory_bytes=2**20, max_num_seqs=2, max_num_batched_tokens=64,
                                         prefill_chunk=64))
-TINY_BYTES = ENGINES.footprint_bytes("tiny")
-THREE = tuple(ModelSpec(n, "tiny") for n in ("a", "b", "c"))
+SOURCE, MODEL_BYTES, THREE = "", 0, ()  # set by the module fixture
 
 
 @pytest.fixture(scope="module", autouse=True)
-def weights_helper():
-    """One weights helper process for the module (its start-up imports torch)."""
+def weights_helper(tmp_path_factory):
+    """One weights helper process and one model directory for the module."""
+    global SOURCE, MODEL_BYTES, THREE
+    SOURCE = str(make_hf_model_dir("llama", tmp_path_factory.mktemp("cache") / "m"))
+    MODEL_BYTES = ENGINES.footprint_bytes(SOURCE)
+    THREE = tuple(ModelSpec(n, SOURCE) for n in ("a", "b", "c"))
     ENGINES.start()
     yield
     ENGINES.close()
@@ -30,10 +36,11 @@ def weights_helper():
 def cache_of():
     made = []
 
-    def make(budget_models: float, min_residency_s: float = 0.0, specs=THREE, list_file=None):
+    def make(budget_models: float, min_residency_s: float = 0.0, specs=None, list_file=None):
         evicted: list[str] = []
         loads: list[float] = []
-        cache = ModelCache(ENGINES, specs, int(budget_models * TINY_BYTES), min_residency_s, list_file,
+        cache = ModelCache(ENGINES, THREE if specs is None else specs, int(budget_models * MODEL_BYTES),
+                           min_residency_s, list_file,
                            CacheHooks(evicting=evicted.append, load_seconds=loads.append))
         cache.evicted_names, cache.load_times = evicted, loads
         cache.start()
@@ -65,7 +72,7 @@ def test_the_least_recently_used_idle_model_is_evicted(cache_of):
     asyncio.run(scenario())
     assert cache.evicted_names == ["b"]
     assert states(cache) == {"a": "loaded", "b": "available", "c": "loaded"}
-    assert len(cache.load_times) == 3 and cache.used_bytes() == 2 * TINY_BYTES
+    assert len(cache.load_times) == 3 and cache.used_bytes() == 2 * MODEL_BYTES
 
 
 def test_a_busy_model_is_never_evicted(cache_of):
@@ -110,14 +117,14 @@ def test_a_model_larger_than_the_budget_is_refused_at_once(cache_of):
 
 def test_the_list_file_adds_and_removes_models_without_a_restart(cache_of, tmp_path):
     listing = tmp_path / "models"
-    listing.write_text("a=tiny\n")
+    listing.write_text(f"a={SOURCE}\n")
     cache = cache_of(budget_models=2.5, specs=(), list_file=str(listing))
     cache.check_list_now()
     assert cache.names() == ["a"]
 
     async def scenario():
         await use(cache, "a")
-        listing.write_text("# a left the pool\nb=tiny\n")
+        listing.write_text(f"# a left the pool\nb={SOURCE}\n")
         cache.check_list_now()
         with pytest.raises(UnknownModel):
             await cache.acquire("a", 60)
