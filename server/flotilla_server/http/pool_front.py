@@ -10,6 +10,7 @@ the event loop: loads run on the cache's worker (docs/serving.md, "Multi-model m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -181,7 +182,7 @@ class PoolFront:
             await _refuse(send, e)
             return
         try:
-            handle = await self._acquire(name)
+            handle = await self._acquire_while_connected(name, receive)
         except FrontRefusal as e:
             await _refuse(send, e)
             return
@@ -190,6 +191,25 @@ class PoolFront:
             await self.lane(handle).app(scope, _replay(body, receive), send)
         finally:
             self.cache.release(name)
+
+    async def _acquire_while_connected(self, name: str, receive: Receive) -> ModelEngine:
+        """The model's engine; a client that leaves while its model loads gives up its claim at once (499),
+        so a model nobody waits for any more is not held busy."""
+        if self.cache.is_loaded(name):  # the common path: no watcher task
+            return await self._acquire(name)
+        acquire = asyncio.ensure_future(self._acquire(name))
+        gone = asyncio.ensure_future(receive())  # after the whole body, the next message is the disconnect
+        await asyncio.wait({acquire, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if acquire.done():
+            gone.cancel()
+            return acquire.result()
+        acquire.cancel()  # cache.acquire gives the claim back when cancelled
+        with contextlib.suppress(asyncio.CancelledError, FrontRefusal):
+            await acquire
+        if not acquire.cancelled() and acquire.exception() is None:
+            self.cache.release(name)  # the load finished as the client left
+        self.metrics.requests.labels(name, "client_gone").inc()
+        raise FrontRefusal(499, "Client closed the request.", "client_gone")
 
     async def _acquire(self, name: str) -> ModelEngine:
         s, cache = self.settings, self.cache

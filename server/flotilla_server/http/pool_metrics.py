@@ -20,7 +20,7 @@ from flotilla_server.model_cache.status import ModelStatus
 
 _LOAD_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
 MODEL_STATES = ("loaded", "loading", "available")
-REQUEST_OUTCOMES = ("routed", "unknown_model", "infeasible", "load_timeout", "load_failed")
+REQUEST_OUTCOMES = ("routed", "unknown_model", "infeasible", "load_timeout", "load_failed", "client_gone")
 
 
 class _Merged(Collector):

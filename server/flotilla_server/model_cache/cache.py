@@ -161,6 +161,11 @@ class ModelCache:
                 self._pending.remove(name)  # nobody waits for it any more
             self._cond.notify_all()
 
+    def is_loaded(self, name: str) -> bool:
+        with self._cond:
+            entry = self._entries.get(name)
+            return entry is not None and entry.state == LOADED
+
     def footprint_bytes(self, name: str) -> int | None:
         entry = self._entries.get(name)
         return entry.footprint_bytes if entry is not None and entry.listed else None
