@@ -140,7 +140,7 @@ def static_replicas(peak_in_flight: np.ndarray, slots: int) -> np.ndarray:
     return np.maximum(np.ceil(peak_in_flight / (STATIC_HEADROOM * slots) - 1e-9), 1).astype(np.int64)
 
 
-def operator_spec(policy: str, interval_s: float) -> ScalingSpec:
+def operator_spec(policy: str) -> ScalingSpec:
     """The InferenceModel each Flotilla policy stands for: CRD defaults, max at the CRD ceiling."""
     if policy == LATENCY:
         return ScalingSpec(1, MAX_REPLICAS, LATENCY_FIRST)
