@@ -22,7 +22,7 @@ PEAK_WINDOW_S = 60.0  # static provisioning plans for the peak of each model's 1
 
 def peak_in_flight(work: Binned, profile: ServerProfile) -> np.ndarray:
     """Each model's peak in-flight requests at latency-first's batch: peak 1-minute rate x service time."""
-    width = max(int(round(PEAK_WINDOW_S / work.tick_s)), 1)
+    width = max(round(PEAK_WINDOW_S / work.tick_s), 1)
     kernel = np.ones(width) / (width * work.tick_s)
     rate = np.apply_along_axis(lambda col: np.convolve(col, kernel, mode="same"), 0, work.arrivals)
     hold = service_s(profile, policies.STATIC_HEADROOM * profile.slots, work.prompt_tokens, work.output_tokens)

@@ -8,7 +8,8 @@ numbers. Per tick, per model (docs/simulation.md, "Fluid mode"):
 - the slots finish up to ready x slots x tick / service_s(b) requests a tick, at the last tick's batch b;
   what they cannot finish waits (Q); R = finished x service_s(b) / tick, by Little's law; a request
   counts as served in the tick it is taken into service;
-- an arrival's TTFT is the queue ahead of it over the drain rate, plus its prefill step; one released
+- an arrival's TTFT is the queue ahead of it over the drain rate, plus half the step in progress, plus
+  its prefill step, at each of the tick's prompt-length quantile points; one released
   from a hold adds its wait there;
 - a pod is ready start_s after it is created; scale-down removes starting pods first (as a ReplicaSet
   does), so ready(t) = min of replicas over [t - start_s, t];
@@ -58,8 +59,8 @@ def run(work: Binned, profile: ServerProfile, controller, initial: np.ndarray, n
     held_since = np.full(models, np.nan)
     cold_since = np.full(models, np.nan)  # a wake whose first ready pod has not come yet
     tally = Tally()
-    every = max(int(round(config.interval_s / dt)), 1)
-    timeline_every = max(int(round(config.timeline_every_s / dt)), 1)
+    every = max(round(config.interval_s / dt), 1)
+    timeline_every = max(round(config.timeline_every_s / dt), 1)
     for t in range(ticks):
         now = t * dt
         arrivals = work.arrivals[t]
@@ -115,15 +116,23 @@ def run(work: Binned, profile: ServerProfile, controller, initial: np.ndarray, n
         running = np.minimum(done * hold_s / dt, ready * slots)  # Little's law on the served flow
         batch = np.where(ready > 0, running / np.maximum(ready, 1e-12), 0.0)
         drain = np.maximum(capacity / dt, 1e-12)
-        ttft = (queue_before + queue) / 2 / drain + profile.step_s(batch, prompt)
-        e2e = ttft + output * profile.step_s(batch)
+        # the queue ahead over the drain rate, plus half the step in progress on a busy replica
+        wait = (queue_before + queue) / 2 / drain + np.where(running > 0, 0.5 * profile.step_s(batch), 0.0)
         fresh = admit - np.minimum(released, admit)
         from_hold = admit - fresh
-        tally.ttft.add(ttft, fresh)
-        tally.e2e.add(e2e, fresh)
-        if release.any():
-            tally.ttft.add(ttft + held_wait, from_hold)
-            tally.e2e.add(e2e + held_wait, from_hold)
+        decode_step = profile.step_s(batch)
+        # one histogram entry per quantile point of the tick's prompt and output lengths
+        prompts = work.prompt_points[t] if work.prompt_points is not None else np.array([prompt])
+        outputs = work.output_points[t] if work.output_points is not None else np.array([output])
+        share = 1.0 / len(prompts)
+        for p_tokens, o_tokens in zip(prompts, outputs, strict=True):
+            ttft = wait + profile.step_s(batch, p_tokens)
+            e2e = ttft + o_tokens * decode_step
+            tally.ttft.add(ttft, fresh * share)
+            tally.e2e.add(e2e, fresh * share)
+            if release.any():
+                tally.ttft.add(ttft + held_wait, from_hold * share)
+                tally.e2e.add(e2e + held_wait, from_hold * share)
         tally.gpu_s += float(np.sum(pods)) * dt
         if t % timeline_every == 0:
             tally.timeline_s.append(now)

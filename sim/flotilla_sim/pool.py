@@ -19,7 +19,14 @@ import math
 from collections import deque
 
 import numpy as np
-from flotilla_operator.autoscaler import COST_FIRST, AutoscalerState, Observation, PoolMetrics, ScalingSpec, decide
+from flotilla_operator.autoscaler import (
+    COST_FIRST,
+    AutoscalerState,
+    Observation,
+    PoolMetrics,
+    ScalingSpec,
+    decide,
+)
 from flotilla_server.model_cache.policy import Action, Resident, decide_load
 
 from flotilla_sim.server_model import POD_START_S, ServerProfile

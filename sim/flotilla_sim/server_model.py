@@ -15,7 +15,11 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from flotilla_contract.flags import DEFAULT_MAX_NUM_SEQS, DEFAULT_QUEUE_DEPTH_PER_SLOT, DEFAULT_QUEUE_TIMEOUT_S
+from flotilla_contract.flags import (
+    DEFAULT_MAX_NUM_SEQS,
+    DEFAULT_QUEUE_DEPTH_PER_SLOT,
+    DEFAULT_QUEUE_TIMEOUT_S,
+)
 
 # The roofline's parameters: an 8B model in bf16 on an H100-class GPU (docs/simulation.md).
 H100_BANDWIDTH_BYTES_PER_S = 3.35e12

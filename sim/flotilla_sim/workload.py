@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+QUANTILES = 8
 TRACE_COLUMNS = ("arrival_s", "model", "prompt_tokens", "output_tokens")
 DAY_S = 86400.0
 HOUR_S = 3600.0
@@ -46,6 +47,10 @@ class Binned:
     arrivals: np.ndarray  # float64 [ticks, models]: requests arriving in each tick
     prompt_tokens: np.ndarray  # float64 [ticks]: mean prompt length of the tick's arrivals
     output_tokens: np.ndarray  # float64 [ticks]
+    # QUANTILES equal-weight points of the tick's prompt and output lengths, so latencies keep the
+    # trace's spread (a p50 of prefill times is not the prefill time of the mean prompt)
+    prompt_points: np.ndarray | None = None  # float64 [ticks, QUANTILES]
+    output_points: np.ndarray | None = None
 
 
 def make_trace(arrival_s, model, prompt_tokens, output_tokens) -> Trace:
@@ -152,7 +157,19 @@ def bin_trace(trace: Trace, tick_s: float, duration_s: float | None = None, num_
     # a tick with no arrivals borrows the trace's means, so a service time is always defined
     prompts[count == 0] = trace.prompt_tokens.mean() if len(trace) else 1.0
     outputs[count == 0] = trace.output_tokens.mean() if len(trace) else 1.0
-    return Binned(tick_s, arrivals, prompts, outputs)
+    return Binned(tick_s, arrivals, prompts, outputs, _points(idx, trace.prompt_tokens, prompts, ticks),
+                  _points(idx, trace.output_tokens, outputs, ticks))
+
+
+def _points(idx: np.ndarray, tokens: np.ndarray, means: np.ndarray, ticks: int) -> np.ndarray:
+    """Per tick, QUANTILES equal-weight quantile points of `tokens` (the mean where a tick is empty)."""
+    points = np.repeat(means[:, None], QUANTILES, axis=1).astype(np.float64)
+    levels = (np.arange(QUANTILES) + 0.5) / QUANTILES
+    order = np.lexsort((tokens, idx))
+    starts = np.searchsorted(idx[order], np.arange(ticks + 1))
+    for t in np.flatnonzero(np.diff(starts) > 0):
+        points[t] = np.quantile(tokens[order[starts[t]:starts[t + 1]]], levels)
+    return points
 
 
 def fleet_day(base: Trace, num_models: int, tick_s: float, rate_scale: float, rng: np.random.Generator,
@@ -165,7 +182,8 @@ def fleet_day(base: Trace, num_models: int, tick_s: float, rate_scale: float, rn
     t_s = (np.arange(ticks) + 0.5) * tick_s
     expected = np.tile(hour.arrivals[:, 0], 24) * diurnal_multiplier(t_s, trough) * rate_scale
     arrivals = rng.poisson(np.outer(expected, zipf_weights(num_models, zipf_s))).astype(np.float64)
-    return Binned(tick_s, arrivals, np.tile(hour.prompt_tokens, 24), np.tile(hour.output_tokens, 24))
+    return Binned(tick_s, arrivals, np.tile(hour.prompt_tokens, 24), np.tile(hour.output_tokens, 24),
+                  np.tile(hour.prompt_points, (24, 1)), np.tile(hour.output_points, (24, 1)))
 
 
 def expected_day(base: Trace, num_models: int, tick_s: float, zipf_s: float = 1.0, trough: float = 0.25) -> Binned:
@@ -175,4 +193,5 @@ def expected_day(base: Trace, num_models: int, tick_s: float, zipf_s: float = 1.
     t_s = (np.arange(ticks) + 0.5) * tick_s
     expected = np.tile(hour.arrivals[:, 0], 24) * diurnal_multiplier(t_s, trough)
     return Binned(tick_s, np.outer(expected, zipf_weights(num_models, zipf_s)),
-                  np.tile(hour.prompt_tokens, 24), np.tile(hour.output_tokens, 24))
+                  np.tile(hour.prompt_tokens, 24), np.tile(hour.output_tokens, 24),
+                  np.tile(hour.prompt_points, (24, 1)), np.tile(hour.output_points, (24, 1)))
