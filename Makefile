@@ -55,7 +55,7 @@ bench: setup
 
 # sim: the fleet-scale run of docs/simulation.md (1,000 models, 10,000 GPUs, one day, six policies); not a test
 sim: setup
-	$(VENV)/bin/flotilla-sim fleet --trace conv --models 1000 --gpus 10000 --tick-s 15 --interval-s 60 --out docs/sim
+	$(VENV)/bin/flotilla-sim fleet --trace conv --models 1000 --gpus 10000 --tick-s 15 --interval-s 60 --jobs 3 --out docs/sim
 
 generate: setup
 	$(PY) -m flotilla_operator.generate

@@ -33,7 +33,9 @@ def _policies(text: str) -> tuple[str, ...]:
 
 def _finish(results: dict, notes: dict, source: str, out: Path, name: str, started: float) -> None:
     notes["wall_s"] = time.monotonic() - started
-    notes["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # the largest process: this one, or the largest forked worker (--jobs); Linux reports KiB
+    notes["peak_rss_bytes"] = 1024 * max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                                         resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
     paths = report.write(results, notes, source, out, name)
     print(report.markdown(results, notes, source))
     print(f"wall {notes['wall_s']:.1f} s, peak memory {notes['peak_rss_bytes'] / 2**20:,.0f} MiB; "
@@ -48,7 +50,7 @@ def cmd_fleet(args: argparse.Namespace) -> None:
                                          profile, args.seed, args.trace)
     print(f"{scenario.notes['requests']:,.0f} requests over {args.models} models, rate x{scenario.notes['rate_scale']:.1f}",
           file=sys.stderr)
-    results = experiment.run_policies(scenario, _policies(args.policies), show_progress=not args.quiet)
+    results = experiment.run_policies(scenario, _policies(args.policies), show_progress=not args.quiet, jobs=args.jobs)
     _finish(results, scenario.notes, profile.source, Path(args.out), scenario.name, started)
 
 
@@ -64,7 +66,7 @@ def cmd_trace(args: argparse.Namespace) -> None:
     else:
         work = workload.bin_trace(trace, args.tick_s)
         scenario = experiment.Scenario(Path(args.file).stem, work, profile, args.interval_s, notes)
-        results = experiment.run_policies(scenario, names, show_progress=not args.quiet)
+        results = experiment.run_policies(scenario, names, show_progress=not args.quiet, jobs=args.jobs)
     _finish(results, notes, profile.source, Path(args.out), f"{Path(args.file).stem}-{args.fidelity}", started)
 
 
@@ -93,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     common.add_argument("--tick-s", type=float, default=5.0, help="fluid mode's tick")
     common.add_argument("--out", default="sim-out", help="directory for JSON, PNG and Markdown")
     common.add_argument("--quiet", action="store_true", help="no progress bar")
+    common.add_argument("--jobs", type=int, default=1, help="policies run in this many processes (fluid mode)")
     fleet = sub.add_parser("fleet", parents=[common], help="a day of an Azure trace over a Zipf catalogue")
     fleet.add_argument("--trace", choices=("conv", "code"), default="conv")
     fleet.add_argument("--models", type=int, default=1000)

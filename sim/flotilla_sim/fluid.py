@@ -125,14 +125,16 @@ def run(work: Binned, profile: ServerProfile, controller, initial: np.ndarray, n
         prompts = work.prompt_points[t] if work.prompt_points is not None else np.array([prompt])
         outputs = work.output_points[t] if work.output_points is not None else np.array([output])
         share = 1.0 / len(prompts)
-        for p_tokens, o_tokens in zip(prompts, outputs, strict=True):
-            ttft = wait + profile.step_s(batch, p_tokens)
-            e2e = ttft + o_tokens * decode_step
-            tally.ttft.add(ttft, fresh * share)
-            tally.e2e.add(e2e, fresh * share)
-            if release.any():
-                tally.ttft.add(ttft + held_wait, from_hold * share)
-                tally.e2e.add(e2e + held_wait, from_hold * share)
+        ttft = wait[None, :] + profile.step_s(batch[None, :], prompts[:, None])  # [points, models]
+        e2e = ttft + outputs[:, None] * decode_step[None, :]
+        weights = np.broadcast_to(fresh * share, ttft.shape)
+        if release.any():
+            ttft = np.concatenate([ttft, ttft + held_wait])
+            e2e = np.concatenate([e2e, e2e + held_wait])
+            weights = np.concatenate([weights, np.broadcast_to(from_hold * share, weights.shape)])
+        some = weights > 0
+        tally.ttft.add(ttft[some], weights[some])
+        tally.e2e.add(e2e[some], weights[some])
         tally.gpu_s += float(np.sum(pods)) * dt
         if t % timeline_every == 0:
             tally.timeline_s.append(now)

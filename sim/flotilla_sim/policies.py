@@ -72,19 +72,20 @@ class OperatorController:
         self.reasons: list[str] = [""] * num_models
 
     def decide(self, now_s: float, m: Metrics) -> np.ndarray:
-        desired = m.replicas.copy()
-        for i in range(len(desired)):
-            woken = m.woken_at_s[i]
+        # plain Python lists: indexing numpy scalars a million times costs more than `decide` itself
+        rows = zip(m.running.tolist(), m.waiting.tolist(), m.held.tolist(), m.replicas.tolist(),
+                   m.ready.tolist(), m.woken_at_s.tolist(), strict=True)
+        desired = []
+        for i, (running, waiting, held, replicas, ready, woken) in enumerate(rows):
             obs = Observation(
-                PoolMetrics(float(m.waiting[i]), float(m.running[i]), self.slots, int(m.ready[i])),
-                int(m.replicas[i]), int(m.ready[i]), int(m.replicas[i] - m.ready[i]), now_s,
-                pending_demand=math.ceil(m.held[i]), woken_at_s=None if np.isnan(woken) else float(woken),
+                PoolMetrics(waiting, running, self.slots, ready), replicas, ready, replicas - ready, now_s,
+                pending_demand=math.ceil(held), woken_at_s=None if woken != woken else woken,  # NaN: never woken
             )
             result = decide(self.spec, obs, self.states[i])
             self.states[i] = result.state
             self.reasons[i] = result.reason
-            desired[i] = result.desired_replicas
-        return desired
+            desired.append(result.desired_replicas)
+        return np.array(desired, dtype=np.int64)
 
 
 class KubeAIController:
