@@ -62,7 +62,8 @@ class RequestSim:
         self.held: list[deque] = [deque() for _ in range(self.models)]
         self.woken_at = np.full(self.models, np.nan)
         self.cold_since = np.full(self.models, np.nan)
-        self.first_token_s = np.full(len(trace), np.nan)
+        self.first_token_s = np.full(len(trace), np.nan)  # per request, for tests and timelines
+        self.finish_s = np.full(len(trace), np.nan)
         self.tally = Tally()
         self.names = itertools.count()
         self.now = 0.0
@@ -181,6 +182,7 @@ class RequestSim:
                 left -= steps
             if left <= 0:
                 del pod.running[rid]
+                self.finish_s[rid] = self.now
                 self.tally.served += 1
                 self.tally.e2e.add(self.now - arrival)
             else:
