@@ -4,7 +4,7 @@ Why fluid: a fleet day is ~10^10 requests, too many to list; counts per tick per
 numbers. Per tick, per model (docs/simulation.md, "Fluid mode"):
 - a model with no ready pod holds arrivals at the front door (up to HOLD_CAPACITY, else 429; after
   MAX_WAIT_S, 503), and a policy with a front door wakes it 0 -> 1 at once: a cold start;
-- admission lets in what fits `ready x (slots + queue)`; the rest is 429;
+- what waits at a tick's end beyond `ready x queue capacity` is 429 (the admission queue's bound);
 - the slots finish up to ready x slots x tick / service_s(b) requests a tick, at the last tick's batch b;
   what they cannot finish waits (Q); R = finished x service_s(b) / tick, by Little's law; a request
   counts as served in the tick it is taken into service;
@@ -104,15 +104,17 @@ def run(work: Binned, profile: ServerProfile, controller, initial: np.ndarray, n
         held[release], held_time_sum[release], held_since[release] = 0.0, 0.0, np.nan
         incoming = np.where(none_ready, 0.0, arrivals) + released
         # admission, then service: capacity ready x slots, each request holding a slot hold_s
-        admit = np.minimum(incoming, np.maximum(ready * (slots + profile.queue_capacity) - running - queue, 0.0))
-        tally.rejected_429 += (incoming - admit).sum()
+        # (the bound applies to what waits at the tick's end: arrivals over a tick also leave within it)
         hold_s = service_s(profile, batch, prompt, output)
         capacity = ready * slots * dt / hold_s  # requests the slots can finish this tick
-        needing = queue + admit
+        needing = queue + incoming
         done = np.minimum(needing, capacity)
         tally.served += done.sum()
         queue_before = queue
-        queue = needing - done
+        overflow = np.maximum(needing - done - ready * profile.queue_capacity, 0.0)
+        tally.rejected_429 += overflow.sum()
+        admit = incoming - overflow
+        queue = needing - done - overflow
         running = np.minimum(done * hold_s / dt, ready * slots)  # Little's law on the served flow
         batch = np.where(ready > 0, running / np.maximum(ready, 1e-12), 0.0)
         drain = np.maximum(capacity / dt, 1e-12)
