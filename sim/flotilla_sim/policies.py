@@ -34,7 +34,9 @@ KEDA = "keda"
 STATIC = "static-peak"
 ALL = (LATENCY, COST_ZERO, COST_POOL, KUBEAI, KEDA, STATIC)
 
-MAX_REPLICAS = 1000  # the CRD's ceiling on maxReplicas
+# No ceiling that binds: a Zipf head model of a 10,000-GPU fleet needs more than the CRD's maxReplicas
+# ceiling (1,000) allows, and the comparison is about the policies, not that limit (docs/simulation.md).
+MAX_REPLICAS = 100_000
 KUBEAI_WINDOW_S = 600.0  # KubeAI: the average of in-flight requests over 10 minutes
 KUBEAI_SCALE_DOWN_DELAY_S = 30.0
 KEDA_WAITING_THRESHOLD = 8.0  # waiting requests per replica (vllm:num_requests_waiting), as targetQueueDepth
