@@ -84,7 +84,7 @@ def plot(results: dict, path: Path, title: str, source: str) -> None:
         for t in targets:
             right.annotate(f"{t:g}s", (r["slo_attainment"][f"{t:g}"], r["gpu_hours"]), fontsize=7,
                            textcoords="offset points", xytext=(2, 4))
-    left.set(xlabel="hour", ylabel="replicas (GPUs)", title="replicas over time")
+    left.set(xlabel="hour", ylabel="replicas (GPUs), log scale", title="replicas over time", yscale="log")
     right.set(xlabel="share of requests with TTFT within the target (labelled)", ylabel="GPU-hours",
               title="cost against SLO")
     right.axvline(0.99, color="grey", linestyle=":", linewidth=1)
