@@ -34,6 +34,10 @@ def verdicts(results: dict) -> list[dict]:
     return rows
 
 
+def _hours(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
 def _ms(value: float) -> str:
     return "n/a" if value is None or math.isnan(value) else f"{value * 1e3:,.0f}"
 
@@ -51,7 +55,7 @@ def markdown(results: dict, notes: dict, source: str) -> str:
         q = r["requests"]
         cold_p99 = r["cold_start_wait_s"]["p99"]
         lines.append(
-            f"| {name} | {r['gpu_hours']:,.0f} | {_ms(r['ttft_s']['p50'])} | {_ms(r['ttft_s']['p99'])} | "
+            f"| {name} | {_hours(r['gpu_hours'])} | {_ms(r['ttft_s']['p50'])} | {_ms(r['ttft_s']['p99'])} | "
             f"{_ms(r['e2e_s']['p50'])} | {_ms(r['e2e_s']['p99'])} | {r['slo_attainment'][named]:.2%} | "
             f"{r['cold_starts']:,.0f} | {'-' if math.isnan(cold_p99) else f'{cold_p99:.1f}'} | "
             f"{q['rejected_429']:,.0f} | {q['rejected_503']:,.0f} |")
@@ -61,10 +65,10 @@ def markdown(results: dict, notes: dict, source: str) -> str:
         if "winner" not in v:
             lines.append(f"- {target}: no policy meets it.")
         elif "runner_up" not in v:
-            lines.append(f"- {target}: only {v['winner']} meets it ({v['gpu_hours']:,.0f} GPU-hours).")
+            lines.append(f"- {target}: only {v['winner']} meets it ({_hours(v['gpu_hours'])} GPU-hours).")
         else:
-            lines.append(f"- {target}: {v['winner']} wins with {v['gpu_hours']:,.0f} GPU-hours, "
-                         f"{v['saving_gpu_hours']:,.0f} ({v['saving_share']:.0%}) fewer than {v['runner_up']}.")
+            lines.append(f"- {target}: {v['winner']} wins with {_hours(v['gpu_hours'])} GPU-hours, "
+                         f"{_hours(v['saving_gpu_hours'])} ({v['saving_share']:.0%}) fewer than {v['runner_up']}.")
     return "\n".join(lines) + "\n"
 
 
