@@ -30,7 +30,7 @@ def queue_timeout_message(queue_timeout_s: float, retry_s: int) -> str:
 
 
 def infeasible_message(why: str) -> str:
-    return f"This request can never fit: {why}. Shorten the prompt or lower max_tokens."
+    return f"This request can never fit: {why}."  # `why` already says what to change, once
 
 
 def abort_message(reason: str | None) -> tuple[str, str]:

@@ -54,13 +54,41 @@ def test_parse_bytes(text, expected):
 @pytest.mark.parametrize(("argv", "env", "message"), [
     (["--port", "0"], {}, "--port must be in 1..65535"),
     (["--queue-timeout-s", "0"], {}, "--queue-timeout-s must be > 0"),
-    (["--block-size", "12"], {}, "block_size must be a power of two"),
-    (["--dtype", "int8"], {}, "dtype must be one of"),
+    (["--block-size", "12"], {}, "error: --block-size must be a power of two, got 12"),
+    ([], {"FLOTILLA_BLOCK_SIZE": "3"}, "error: FLOTILLA_BLOCK_SIZE must be a power of two, got 3"),
+    (["--block-size", "4"], {"FLOTILLA_BLOCK_SIZE": "3"}, "prefill"),  # the flag wins; no error of the variable's
+    (["--dtype", "int8"], {}, "error: --dtype must be one of"),
+    ([], {"FLOTILLA_DTYPE": "int8"}, "error: FLOTILLA_DTYPE must be one of"),
+    (["--device", "tpu"], {}, "error: --device must be 'cpu' or 'cuda[:N]'"),
+    (["--max-num-seqs", "0"], {}, "error: --max-num-seqs must be >= 1"),
+    (["--max-num-batched-tokens", "8"], {}, "error: --max-num-batched-tokens must be >= --prefill-chunk"),
+    (["--log-level", "loud"], {}, "error: --log-level must be one of debug, info, warning, error, got 'loud'"),
+    ([], {"FLOTILLA_PORT": "0"}, "error: FLOTILLA_PORT must be in 1..65535"),
     (["--kv-cache-memory", "lots"], {}, "not a size"),
     ([], {"FLOTILLA_MAX_NUM_SEQS": "many"}, "FLOTILLA_MAX_NUM_SEQS='many'"),
 ])
 def test_bad_values_exit_with_a_message(argv, env, message, capsys):
+    if message == "prefill":  # the flag's valid value wins over the variable's bad one
+        assert parse_settings(argv, env).block_size == 4
+        return
     with pytest.raises(SystemExit) as exc:
         parse_settings(argv, env)
     assert exc.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1, err  # one line: no usage block
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--model", "/nonexistent"], "error: --model '/nonexistent' is neither 'tiny' nor a directory"),
+    (["--device", "cuda:99"], "error: --device 'cuda:99' is not available"),
+    (["--max-model-len", "999999"], "error: --max-model-len 999999 is outside the model's context of 1..2048"),
+    (["--num-kv-blocks", "4", "--max-model-len", "100"], "needs 7 KV blocks for one sequence but the pool has 4"),
+])
+def test_values_only_loading_can_refuse_exit_2_in_one_line(argv, message, capsys):
+    from flotilla_server.cli import main
+
+    assert main([*argv, "--port", "1"]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err and err.count("\n") == 1, err
