@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 HELM := .tools/bin/helm
 
-.PHONY: setup tools run test lint bench generate clean
+.PHONY: setup tools run test lint bench bench-docs generate clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -38,8 +38,15 @@ lint: setup
 test: setup tools lint
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(VENV)/bin/pytest
 
+# bench: the offline figures into bench-results/ (untracked); bench-docs then copies them over docs/bench/
+BENCH_OUT := bench-results
 bench: setup
-	$(VENV)/bin/flotilla-bench offline --json docs/bench/offline.json --plot docs/bench/offline.png
+	$(VENV)/bin/flotilla-bench offline --json $(BENCH_OUT)/offline.json --plot $(BENCH_OUT)/offline.png
+
+bench-docs:
+	@test -f $(BENCH_OUT)/offline.json -a -f $(BENCH_OUT)/offline.png || \
+	  { echo "bench-docs: no $(BENCH_OUT)/offline.json and .png yet: run make bench first" >&2; exit 2; }
+	cp $(BENCH_OUT)/offline.json $(BENCH_OUT)/offline.png docs/bench/
 
 generate: setup
 	$(PY) -m flotilla_operator.generate
