@@ -10,7 +10,7 @@ from flotilla_server.engine.core import cap_to_pool, resolve_max_model_len
 def test_unset_limit_is_the_models_and_an_explicit_one_over_it_is_refused():
     assert resolve_max_model_len(EngineConfig(), 2048) == 2048
     assert resolve_max_model_len(EngineConfig(max_model_len=100), 2048) == 100
-    with pytest.raises(ValueError, match="max_model_len 999999 is outside the model's context of 1..2048"):
+    with pytest.raises(ValueError, match=r"max_model_len 999999 is outside the model.s context of 1\.\.2048"):
         resolve_max_model_len(EngineConfig(max_model_len=999999), 2048)
 
 
