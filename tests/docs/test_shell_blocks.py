@@ -32,7 +32,7 @@ def runnable() -> list[Block]:
 
 
 def test_the_docs_have_shell_blocks_and_some_run_here():
-    assert len(BLOCKS) >= 10 and len(runnable()) >= 2, [b.where for b in BLOCKS]
+    assert len(BLOCKS) >= 10 and len(runnable()) >= 1, [b.where for b in BLOCKS]
 
 
 @pytest.mark.parametrize("block", [b for b in BLOCKS if b.marker is not None], ids=lambda b: b.where)
