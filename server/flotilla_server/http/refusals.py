@@ -38,6 +38,9 @@ def abort_message(reason: str | None) -> tuple[str, str]:
     if reason == "drain_timeout":
         return ("The server shut down before this request finished (--drain-timeout-s passed): "
                 "retry against another replica."), "draining"
+    if reason == "shutdown":  # a second SIGTERM during the drain
+        return ("The server shut down before this request finished (told to stop at once): "
+                "retry against another replica."), "draining"
     if reason == "slow_client":
         return ("The client read the stream too slowly and its buffer filled: the request was cancelled. "
                 "Read the stream as it arrives."), "slow_client"
