@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -45,3 +46,13 @@ def test_mistakes_exit_2_with_a_message(argv, message):
     result = subprocess.run([sys.executable, "-m", "flotilla_operator.cli", *argv],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and message in result.stderr
+
+
+def test_without_a_cluster_it_says_so_in_one_line_and_exits_2(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+    env.update(HOME=str(tmp_path), KUBECONFIG=str(tmp_path / "missing-kubeconfig"))
+    result = subprocess.run([sys.executable, "-m", "flotilla_operator.cli", "--all-namespaces"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.startswith("flotilla-operator: error: no cluster credentials")
+    assert "KUBECONFIG" in result.stderr and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
