@@ -31,7 +31,8 @@ patches the existing Deployment (a rolling update); it is never deleted and recr
 From an empty cluster, with a kubeconfig that may create cluster-scoped objects: the namespace the RBAC
 file uses, the CRD, the operator's RBAC, and the PriorityClasses every model's pods name (a pod naming a
 missing class is refused); then the operator itself, run here from the repository with your kubeconfig
-(in the cluster, `helm install` runs it instead: [install.md](install.md)); then a model.
+(in the cluster, `helm install` runs it instead: [install.md](install.md)); then a model. Started with
+neither a service account nor a usable kubeconfig, the operator says so in one line and exits 2.
 
 <!-- docs-test: run by tests/docs/test_operator_quick_start.py -->
 ```sh
