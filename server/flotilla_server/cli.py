@@ -17,7 +17,13 @@ from dataclasses import fields
 from flotilla_contract.flags import SERVER_FLAGS, Flag, env_var
 from flotilla_contract.sizes import parse_bytes
 
-from flotilla_server.cli_errors import OneLineParser, check_device, given_on_command_line, name_sources
+from flotilla_server.cli_errors import (
+    OneLineParser,
+    check_device,
+    check_listen,
+    given_on_command_line,
+    name_sources,
+)
 from flotilla_server.http.settings import ServerSettings
 
 __all__ = ["ServerSettings", "build_parser", "env_var", "main", "parse_bytes", "parse_settings"]
@@ -94,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     configure_logging(settings)
     try:
+        check_listen(settings.host, settings.port)
         check_device(settings.device)
         # the loader and the engine raise these, saying what to change, for a model or size that cannot serve
         engine, loaded, max_model_len = build_engine(settings.engine_config())

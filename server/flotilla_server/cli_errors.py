@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import socket
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
@@ -46,6 +47,23 @@ def name_sources(message: str, from_command_line: set[str], environ: Mapping[str
             message = source + message[len(flag.dest):]
         message = re.sub(rf"(?<![\w-]){re.escape(flag.flag)}(?![\w-])", source, message)
     return message
+
+
+def check_listen(host: str, port: int) -> None:
+    """Raises ValueError, naming --host or --port, if the server could not listen there; before the model
+    loads, so a typo costs a second rather than a model load."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as error:
+        raise ValueError(f"host {host!r} is not an address this machine can listen on ({error}); "
+                         "pass an IP address such as 0.0.0.0 or 127.0.0.1") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as error:
+            raise ValueError(f"port {port} on {host} cannot be listened on ({error.strerror}); pick another "
+                             "port, or stop what holds it") from None
 
 
 def check_device(device: str) -> None:

@@ -80,9 +80,16 @@ class EngineCore:
         num_blocks = resolve_num_blocks(config, self.max_model_len, per_block)
         self.max_model_len = cap_to_pool(config, self.max_model_len, num_blocks)
         self.pool = BlockPool(num_blocks, config.block_size)
-        kv = KVCacheTensors.allocate(
-            mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype, config.device
-        )
+        try:
+            kv = KVCacheTensors.allocate(
+                mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype, config.device
+            )
+        except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
+            raise ValueError(
+                f"kv_cache_memory_bytes: a KV cache of {num_blocks} blocks ({num_blocks * per_block} bytes) does not "
+                f"fit in {config.device} memory ({str(error).splitlines()[0][:120]}); lower kv_cache_memory_bytes "
+                "or num_kv_blocks"
+            ) from error
         self.eos_token_ids = frozenset(self.loaded.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
         self.scheduler = Scheduler(
             self.pool, config.max_num_seqs, config.max_num_batched_tokens, config.prefill_chunk, self.eos_token_ids
