@@ -10,6 +10,7 @@ forward pass that may still write them has finished.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -41,6 +42,19 @@ def resolve_num_blocks(config: EngineConfig, max_model_len: int, bytes_per_block
             )
         return n
     return config.max_num_seqs * blocks_for(max_model_len, config.block_size)
+
+
+def check_fits(kv_bytes: int, device: str) -> None:
+    """Refuses, before touching memory, a KV cache larger than the device's whole memory (on CPU, the RAM)."""
+    if device == "cpu":
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    else:
+        import torch
+
+        total = torch.cuda.mem_get_info(torch.device(device))[1]
+    if kv_bytes > total:
+        raise ValueError(f"kv_cache_memory_bytes: a KV cache of {kv_bytes} bytes is more than the {total} bytes of "
+                         f"{device} memory; lower kv_cache_memory_bytes or num_kv_blocks")
 
 
 def resolve_max_model_len(config: EngineConfig, model_len: int) -> int:
@@ -78,6 +92,7 @@ class EngineCore:
         dtype = torch_dtype(config.dtype)
         per_block = KVCacheTensors.bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, dtype)
         num_blocks = resolve_num_blocks(config, self.max_model_len, per_block)
+        check_fits(num_blocks * per_block, config.device)  # before the pool's bookkeeping grows with it
         self.max_model_len = cap_to_pool(config, self.max_model_len, num_blocks)
         self.pool = BlockPool(num_blocks, config.block_size)
         try:
