@@ -48,11 +48,14 @@ def test_mistakes_exit_2_with_a_message(argv, message):
     assert result.returncode == 2 and message in result.stderr
 
 
-def test_without_a_cluster_it_says_so_in_one_line_and_exits_2(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
-    env.update(HOME=str(tmp_path), KUBECONFIG=str(tmp_path / "missing-kubeconfig"))
-    result = subprocess.run([sys.executable, "-m", "flotilla_operator.cli", "--all-namespaces"], env=env,
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2
-    assert result.stderr.startswith("flotilla-operator: error: no cluster credentials")
-    assert "KUBECONFIG" in result.stderr and result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+def test_without_a_cluster_it_says_so_in_one_line_and_exits_2(tmp_path, monkeypatch, capsys):
+    from flotilla_operator.cli import main
+
+    for name in [k for k in os.environ if k.startswith("KUBERNETES_")]:
+        monkeypatch.delenv(name)  # not in a pod
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing-kubeconfig"))
+    assert main(["--all-namespaces"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("flotilla-operator: error: no cluster credentials")
+    assert "KUBECONFIG" in err and err.count("\n") == 1 and "Traceback" not in err
