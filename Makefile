@@ -10,7 +10,7 @@ HELM := .tools/bin/helm
 MODEL_CACHE := $(or $(FLOTILLA_CACHE_DIR),$(HOME)/.cache/flotilla)/models
 SMOLLM2 := $(MODEL_CACHE)/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: setup tools model run test lint bench generate sim clean
+.PHONY: setup tools model run test lint bench bench-docs generate sim clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -49,9 +49,17 @@ lint: setup
 test: setup tools lint model
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(VENV)/bin/pytest
 
+# bench: the offline figures into bench-results/ (untracked); bench-docs then copies them over docs/bench/
+BENCH_OUT := bench-results
 bench: setup
-	$(VENV)/bin/flotilla-bench offline --json docs/bench/offline.json --plot docs/bench/offline.png
-	$(PY) -m flotilla_gateway.bench.overhead --json docs/bench/gateway_overhead.json
+	$(VENV)/bin/flotilla-bench offline --json $(BENCH_OUT)/offline.json --plot $(BENCH_OUT)/offline.png
+	$(PY) -m flotilla_gateway.bench.overhead --json $(BENCH_OUT)/gateway_overhead.json
+
+bench-docs:
+	@test -f $(BENCH_OUT)/offline.json -a -f $(BENCH_OUT)/offline.png || \
+	  { echo "bench-docs: no $(BENCH_OUT)/offline.json and .png yet: run make bench first" >&2; exit 2; }
+	cp $(BENCH_OUT)/offline.json $(BENCH_OUT)/offline.png docs/bench/
+	@test ! -f $(BENCH_OUT)/gateway_overhead.json || cp $(BENCH_OUT)/gateway_overhead.json docs/bench/
 
 # sim: the fleet-scale run of docs/simulation.md (1,000 models, 10,000 GPUs, one day, six policies); not a test
 sim: setup

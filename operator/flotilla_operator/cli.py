@@ -95,8 +95,14 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if settings.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from flotilla_operator import credentials
     from flotilla_operator.runner import run_operator  # kopf and handlers load only when running
 
+    try:
+        credentials.login()  # once up front: without a cluster, say so in one line rather than retry forever
+    except credentials.NoCredentials as error:
+        print(f"flotilla-operator: error: {error}", file=sys.stderr)
+        return 2
     run_operator(settings)
     return 0
 

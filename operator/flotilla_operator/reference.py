@@ -18,16 +18,27 @@ INTRO = """\
 `flotilla-server` replicas, a Service, a PodDisruptionBudget (latency-first only) and a
 ServiceMonitor (when the `monitoring.coreos.com` API exists). Every child carries an owner
 reference to its `InferenceModel`, so deleting the model lets Kubernetes' garbage collector delete
-the children. The operator deletes a child itself only when the spec stops asking for it (the PDB
-after a switch to cost-first, for example). While the operator runs a drift timer on a model, the
+the children. The operator deletes a child itself only when the spec stops asking for it: the PDB,
+after a switch to cost-first. While the operator runs a drift timer on a model, the
 model carries the `flotilla.dev/operator` finalizer; it is released as soon as the model is deleted.
 
 Reconciliation is level-based: create, update, resume and a drift timer (every
 `--drift-interval-s`) all compute the same desired manifests and apply what differs. A spec change
 patches the existing Deployment (a rolling update); it is never deleted and recreated.
 
-```console
-kubectl apply -f crds/flotilla.dev_inferencemodels.yaml -f deploy/rbac.yaml
+## Quick start
+
+From an empty cluster, with a kubeconfig that may create cluster-scoped objects: the namespace the RBAC
+file uses, the CRD, the operator's RBAC, and the PriorityClasses every model's pods name (a pod naming a
+missing class is refused); then the operator itself, run here from the repository with your kubeconfig
+(in the cluster, `helm install` runs it instead: [install.md](install.md)); then a model. Started with
+neither a service account nor a usable kubeconfig, the operator says so in one line and exits 2.
+
+<!-- docs-test: run by tests/docs/test_operator_quick_start.py -->
+```sh
+kubectl create namespace flotilla-system
+kubectl apply -f crds/flotilla.dev_inferencemodels.yaml -f deploy/rbac.yaml -f deploy/priorityclasses.yaml
+.venv/bin/flotilla-operator --all-namespaces &
 kubectl apply -f examples/tiny-cpu.yaml
 kubectl get im
 ```
@@ -137,6 +148,12 @@ since no cluster can be asked whether `monitoring.coreos.com/v1` is served, `--s
 
 ```sh
 flotilla-operator render -f examples/tiny-cpu.yaml
+```
+
+With a cluster at hand, let its API server check the result:
+
+<!-- docs-test: needs a cluster -->
+```sh
 flotilla-operator render -f examples/llama-3.1-8b-latency-first.yaml --service-monitor | kubectl apply --dry-run=server -f -
 ```
 """

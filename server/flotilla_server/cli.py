@@ -17,6 +17,13 @@ from dataclasses import fields
 from flotilla_contract.flags import FLAGS_BY_NAME, MULTI_MODEL_REFUSED_FLAGS, SERVER_FLAGS, Flag, env_var
 from flotilla_contract.sizes import parse_bytes
 
+from flotilla_server.cli_errors import (
+    OneLineParser,
+    check_device,
+    check_listen,
+    given_on_command_line,
+    name_sources,
+)
 from flotilla_server.http.settings import ServerSettings
 
 __all__ = ["ServerSettings", "build_parser", "env_var", "main", "parse_bytes", "parse_settings"]
@@ -42,7 +49,7 @@ def _default_key(flag: Flag) -> str:
 
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     environ = os.environ if environ is None else environ
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="flotilla-server",
         description="OpenAI-compatible LLM server with continuous batching, bounded admission and SSE streaming. "
         "Every flag can also be set from the environment variable shown with it.",
@@ -67,6 +74,7 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
 
 
 def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> ServerSettings:
+    environ = os.environ if environ is None else environ
     parser = build_parser(environ)
     args = parser.parse_args(argv)
     values = {f.name: getattr(args, f.name) for f in fields(ServerSettings)}
@@ -88,8 +96,16 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
                                    os.environ if environ is None else environ)
             model_specs(settings)  # names and sources are checked now, with the flag in view
     except ValueError as e:
-        parser.error(str(e))
+        parser.error(name_sources(str(e), given_on_command_line(argv), environ))
     return settings
+
+
+def _refuse(message: str, argv: Sequence[str] | None) -> int:
+    """A value that passed the flags but not the model or the machine: one line naming its source, exit 2."""
+    argv = sys.argv[1:] if argv is None else argv
+    print(f"flotilla-server: error: {name_sources(message, given_on_command_line(argv), os.environ)}",
+          file=sys.stderr)
+    return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -106,9 +122,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     from flotilla_server.http.serve import ServedModel, configure_logging, serve
 
     configure_logging(settings)
-    if settings.multi_model:
-        return _main_multi_model(settings)
-    engine, loaded, max_model_len = build_engine(settings.engine_config())
+    try:
+        check_listen(settings.host, settings.port)
+        check_device(settings.device)
+        if settings.multi_model:
+            return _main_multi_model(settings)
+        # the loader and the engine raise these, saying what to change, for a model or size that cannot serve
+        engine, loaded, max_model_len = build_engine(settings.engine_config())
+    except (FileNotFoundError, ValueError) as e:
+        return _refuse(str(e), argv)
     model = ServedModel(
         name=settings.served_model_name or loaded.name, tokenizer=loaded.tokenizer, vocab_size=loaded.config.vocab_size,
         max_model_len=max_model_len, description=loaded.description, is_demonstration=loaded.is_demonstration,

@@ -54,3 +54,12 @@ def test_notes_follow_the_values(tmp_path: Path) -> None:
     assert "Prometheus: the autoscaler" not in notes
     assert f"rollout status deployment/{RELEASE}" in notes
     assert "never upgrades them" in notes
+
+
+def test_notes_example_is_the_light_tiny_cpu_example(tmp_path: Path) -> None:
+    """A newcomer's first model is the light one: cost-first, 1 CPU / 1 Gi, no PDB, as examples/tiny-cpu.yaml."""
+    from tests.support.examples import EXAMPLES, load_example
+
+    (block,) = re.findall(r"<<'YAML'\n(.*?)\n\s*YAML\n", rendered_notes(tmp_path), re.S)
+    (tiny_cpu,) = [p for p in EXAMPLES if p.name == "tiny-cpu.yaml"]
+    assert yaml.safe_load(block)["spec"] == load_example(tiny_cpu)["spec"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -45,3 +46,16 @@ def test_mistakes_exit_2_with_a_message(argv, message):
     result = subprocess.run([sys.executable, "-m", "flotilla_operator.cli", *argv],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and message in result.stderr
+
+
+def test_without_a_cluster_it_says_so_in_one_line_and_exits_2(tmp_path, monkeypatch, capsys):
+    from flotilla_operator.cli import main
+
+    for name in [k for k in os.environ if k.startswith("KUBERNETES_")]:
+        monkeypatch.delenv(name)  # not in a pod
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing-kubeconfig"))
+    assert main(["--all-namespaces"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("flotilla-operator: error: no cluster credentials")
+    assert "KUBECONFIG" in err and err.count("\n") == 1 and "Traceback" not in err

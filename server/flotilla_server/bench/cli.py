@@ -12,20 +12,36 @@ import os
 import sys
 
 COMMANDS = {
-    "offline": ("flotilla_server.bench.offline", "engine throughput: continuous, static, sequential, transformers"),
-    "online": ("flotilla_server.bench.online", "load an OpenAI-compatible server and report latencies"),
+    "offline": ("flotilla_server.bench.offline",
+                "engine throughput (no HTTP) in five modes: continuous, static, static_unpadded, sequential, "
+                "transformers"),
+    "online": ("flotilla_server.bench.online",
+               "load an OpenAI-compatible server and report latencies (TTFT, TPOT, ITL, E2E) and goodput"),
 }
+DESCRIPTION = ("Benchmarks of flotilla-server: `offline` drives the engine directly, `online` any "
+               "OpenAI-compatible server over HTTP. Figures and how they were recorded: docs/benchmarks.md.")
+
+
+class _DefaultsShown(argparse.HelpFormatter):
+    """Appends each option's default to its help, unless it has none or the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.option_strings and action.default not in (None, False, argparse.SUPPRESS) and "default" not in text:
+            text += " (default: %(default)s)"
+        return text
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # before torch loads: spinning OpenMP threads slow every mode several-fold on a shared CPU
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    parser = argparse.ArgumentParser(prog="flotilla-bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="flotilla-bench", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     chosen = next((a for a in argv if not a.startswith("-")), None)
     for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text,
+                           formatter_class=_DefaultsShown)
         if name == chosen:
             importlib.import_module(module).add_arguments(p)
     args = parser.parse_args(argv)

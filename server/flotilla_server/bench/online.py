@@ -159,8 +159,15 @@ def _progress(args: argparse.Namespace, total: int) -> Any:
     return tqdm(total=total, desc="requests", unit="req", disable=args.no_progress, file=sys.stderr)
 
 
+# --quick: a smoke run in seconds; it changes only the values the command line left at their defaults
+QUICK = {"num_requests": 16, "concurrency": 4, "prompt_len_max": 16, "output_len_min": 8, "output_len_max": 32}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
+    a("--quick", action="store_true",
+      help="A smoke run in seconds: 16 requests, 4 at a time, prompts of 8-16 words, outputs of 8-32 tokens; "
+           "flags given beside it win.")
     a("--base-url", default="http://127.0.0.1:8000", help="Server to load, e.g. http://127.0.0.1:8000.")
     a("--model", default=None, help="Model name to send; default: the first from GET /v1/models.")
     a("--endpoint", choices=("completions", "chat"), default="completions", help="Which API to drive.")
@@ -199,7 +206,17 @@ def _check(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _apply_quick(args: argparse.Namespace) -> None:
+    defaults = argparse.ArgumentParser()
+    add_arguments(defaults)
+    for name, value in QUICK.items():
+        if getattr(args, name) == defaults.get_default(name):
+            setattr(args, name, value)
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.quick:
+        _apply_quick(args)
     problem = _check(args)
     if problem:
         print(f"flotilla-bench online: {problem}", file=sys.stderr)

@@ -9,6 +9,8 @@ forward pass that may still write them has finished.
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -23,6 +25,8 @@ from flotilla_server.engine.scheduler import Scheduler, infeasible_reason
 from flotilla_server.engine.sequence import Sequence as Seq
 from flotilla_server.model import KVCacheTensors, LoadedModel, load_model
 from flotilla_server.model.loader import torch_dtype
+
+log = logging.getLogger(__name__)
 
 
 def resolve_num_blocks(config: EngineConfig, max_model_len: int, bytes_per_block: int) -> int:
@@ -40,19 +44,67 @@ def resolve_num_blocks(config: EngineConfig, max_model_len: int, bytes_per_block
     return config.max_num_seqs * blocks_for(max_model_len, config.block_size)
 
 
+def check_fits(kv_bytes: int, device: str) -> None:
+    """Refuses, before touching memory, a KV cache larger than the device's whole memory (on CPU, the RAM)."""
+    if device == "cpu":
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    else:
+        import torch
+
+        total = torch.cuda.mem_get_info(torch.device(device))[1]
+    if kv_bytes > total:
+        raise ValueError(f"kv_cache_memory_bytes: a KV cache of {kv_bytes} bytes is more than the {total} bytes of "
+                         f"{device} memory; lower kv_cache_memory_bytes or num_kv_blocks")
+
+
+def resolve_max_model_len(config: EngineConfig, model_len: int) -> int:
+    """--max-model-len, else the model's context; a limit over the model's is refused, never silently cut."""
+    if config.max_model_len is None:
+        return model_len
+    if not 0 < config.max_model_len <= model_len:
+        raise ValueError(f"max_model_len {config.max_model_len} is outside the model's context of 1..{model_len} "
+                         "tokens; lower it or leave it unset")
+    return config.max_model_len
+
+
+def cap_to_pool(config: EngineConfig, max_model_len: int, num_blocks: int) -> int:
+    """The context one sequence can really hold: what the pool has room for, when that is less."""
+    pool_len = num_blocks * config.block_size
+    if pool_len >= max_model_len:
+        return max_model_len
+    if config.max_model_len is not None:  # asked for explicitly: refuse rather than serve less
+        raise ValueError(
+            f"max_model_len {max_model_len} needs {blocks_for(max_model_len, config.block_size)} KV blocks for "
+            f"one sequence but the pool has {num_blocks}; give the KV cache more (num_kv_blocks, "
+            "kv_cache_memory_bytes) or lower max_model_len"
+        )
+    log.warning("context limited to %d tokens (the model's is %d): one sequence fills the KV pool of %d blocks; "
+                "raise --num-kv-blocks or --kv-cache-memory for more", pool_len, max_model_len, num_blocks)
+    return pool_len
+
+
 class EngineCore:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
         self.loaded = loaded or load_model(config.model, config.dtype, config.device)
         mc = self.loaded.config
-        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
+        self.max_model_len = resolve_max_model_len(config, mc.max_position_embeddings)
         dtype = torch_dtype(config.dtype)
         per_block = KVCacheTensors.bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, dtype)
         num_blocks = resolve_num_blocks(config, self.max_model_len, per_block)
+        check_fits(num_blocks * per_block, config.device)  # before the pool's bookkeeping grows with it
+        self.max_model_len = cap_to_pool(config, self.max_model_len, num_blocks)
         self.pool = BlockPool(num_blocks, config.block_size)
-        kv = KVCacheTensors.allocate(
-            mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype, config.device
-        )
+        try:
+            kv = KVCacheTensors.allocate(
+                mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype, config.device
+            )
+        except (RuntimeError, MemoryError) as error:  # torch.OutOfMemoryError is a RuntimeError
+            raise ValueError(
+                f"kv_cache_memory_bytes: a KV cache of {num_blocks} blocks ({num_blocks * per_block} bytes) does not "
+                f"fit in {config.device} memory ({str(error).splitlines()[0][:120]}); lower kv_cache_memory_bytes "
+                "or num_kv_blocks"
+            ) from error
         self.eos_token_ids = frozenset(self.loaded.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
         self.scheduler = Scheduler(
             self.pool, config.max_num_seqs, config.max_num_batched_tokens, config.prefill_chunk, self.eos_token_ids

@@ -43,6 +43,8 @@ def create_app(state: ServerState, max_body_bytes: int) -> FastAPI:
         summary="OpenAI-compatible LLM inference with bounded admission and SSE streaming.",
         version="0.1.0",
         lifespan=lifespan,
+        docs_url=None,  # Swagger UI needs a CDN: /docs is routes/docs_page.py instead, self-contained
+        redoc_url=None,
     )
     app.state.flotilla = state
     install_error_handlers(app)

@@ -19,6 +19,10 @@ def sampling_params(state: ServerState, body: _SamplingFields, num_prompt_tokens
                     max_tokens: int | None) -> SamplingParams:
     if num_prompt_tokens == 0:
         raise APIError(400, "The prompt is empty after tokenization: send at least one token.", param="prompt")
+    if max_tokens is None and num_prompt_tokens >= state.max_model_len:  # never ask to lower a field not sent
+        raise APIError(400, f"The prompt ({num_prompt_tokens} tokens) fills the model's context of "
+                            f"{state.max_model_len} tokens, leaving no room for an answer: shorten the prompt.",
+                       param="prompt", code="context_length_exceeded")
     if max_tokens is None:  # OpenAI's default, shortened to what the context has left
         max_tokens = max(1, min(DEFAULT_MAX_TOKENS, state.max_model_len - num_prompt_tokens))
     try:

@@ -30,13 +30,16 @@ def queue_timeout_message(queue_timeout_s: float, retry_s: int) -> str:
 
 
 def infeasible_message(why: str) -> str:
-    return f"This request can never fit: {why}. Shorten the prompt or lower max_tokens."
+    return f"This request can never fit: {why}."  # `why` already says what to change, once
 
 
 def abort_message(reason: str | None) -> tuple[str, str]:
     """(message, error code) for a generation the engine aborted."""
     if reason == "drain_timeout":
         return ("The server shut down before this request finished (--drain-timeout-s passed): "
+                "retry against another replica."), "draining"
+    if reason == "shutdown":  # a second SIGTERM during the drain
+        return ("The server shut down before this request finished (told to stop at once): "
                 "retry against another replica."), "draining"
     if reason == "slow_client":
         return ("The client read the stream too slowly and its buffer filled: the request was cancelled. "

@@ -14,7 +14,7 @@ from flotilla_server.http import sse
 from flotilla_server.http.accounting import Outcome, Timing
 from flotilla_server.http.errors import APIError
 from flotilla_server.http.job import Job
-from flotilla_server.http.refusals import CLIENT_GONE, abort_message
+from flotilla_server.http.refusals import CLIENT_GONE, DRAINING_HEADERS, abort_message
 from flotilla_server.http.state import ServerState
 from flotilla_server.http.stream_response import wait_for_disconnect
 
@@ -52,7 +52,8 @@ async def json_body(request: Request, state: ServerState, job: Job, stream: Requ
         message, code = abort_message(last.abort_reason if last is not None else None)
         status = 503 if code == "draining" else 500  # as a stream cut by the drain timeout is counted
         outcome.finish(status, None)
-        raise APIError(status, message, code=code, counted=True)
+        headers = dict(DRAINING_HEADERS) if code == "draining" else None  # as every draining 503 has
+        raise APIError(status, message, code=code, headers=headers, counted=True)
     outcome.finish(200)
     u = sse.usage(last.num_prompt_tokens, last.num_output_tokens)
     shape = sse.chat_response if job.chat else sse.completion_response

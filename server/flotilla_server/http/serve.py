@@ -3,7 +3,8 @@
 Drain: the first SIGTERM (or SIGINT) turns /readyz to 503 and refuses new requests with 503 while the
 listening socket stays open (a closed socket would look like a crash to clients and load balancers);
 in-flight requests get --drain-timeout-s to finish, then uvicorn stops and the process exits 0.
-A second signal exits at once.
+A second signal cuts off what is still in flight at once, as the timeout would (each client is told, and
+counted, as draining, never as gone), then exits 0; a third exits without waiting for anything.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class DrainingServer(uvicorn.Server):
         self._drain_timeout_s = drain_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self.drained_cleanly: bool | None = None
+        self._cutting_off = False
 
     async def startup(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
         self._loop = asyncio.get_running_loop()
@@ -53,21 +55,38 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # never record the signal: uvicorn would re-raise it after shutdown and the exit status would be -15
-        if self._state.draining or self._loop is None:
+        if self._loop is None or self._cutting_off:
             self.force_exit = self.should_exit = True
             return
+        name = signal.Signals(sig).name
+        if self._state.draining:
+            log.warning("%s again: cutting off %d request(s) in flight now", name, self._state.in_flight)
+            self._cutting_off = True
+            self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._cut_off("shutdown")))  # type: ignore[union-attr]
+            return
         self._state.draining = True
-        log.info("%s: draining; %d request(s) in flight, up to %.0f s", signal.Signals(sig).name,
-                 self._state.in_flight, self._drain_timeout_s)
+        log.info("%s", drain_started_message(name, self._state.in_flight, self._drain_timeout_s))
         self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._drain()))  # type: ignore[union-attr]
 
     async def _drain(self) -> None:
         self.drained_cleanly = await self._state.wait_idle(self._drain_timeout_s)
-        if not self.drained_cleanly:
-            log.warning("drain timeout: %d request(s) still in flight are cut off", self._state.in_flight)
-            self._state.cut_off("drain_timeout")  # their streams end with an error chunk, then [DONE]
-            await self._state.wait_idle(_CUT_OFF_FLUSH_S)
+        if self._cutting_off:  # a second signal is already cutting off and will stop the server
+            return
+        if self.drained_cleanly:
+            self.should_exit = True
+            return
+        log.warning("drain timeout: %d request(s) still in flight are cut off", self._state.in_flight)
+        self._cutting_off = True
+        await self._cut_off("drain_timeout")
+
+    async def _cut_off(self, reason: str) -> None:
+        self._state.cut_off(reason)  # their streams end with an error chunk, then [DONE]
+        await self._state.wait_idle(_CUT_OFF_FLUSH_S)
         self.should_exit = True
+
+
+def drain_started_message(signal_name: str, in_flight: int, drain_timeout_s: float) -> str:
+    return f"{signal_name}: draining; {in_flight} request(s) in flight, up to {drain_timeout_s:g} s"
 
 
 def curl_example(settings: ServerSettings, model_name: str) -> str:
@@ -103,8 +122,7 @@ def serve(settings: ServerSettings, engine: EngineClient, model: ServedModel) ->
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_graceful_shutdown=1, access_log=False, http=BoundedH11Protocol)
     server = DrainingServer(config, state, settings.drain_timeout_s)
-    if model.is_demonstration:
-        print(f"NOTE: {model.description}", flush=True)
+    # a demonstration model is announced once, by the loader's warning
     print(f"flotilla-server: serving {name!r} on http://{settings.host}:{settings.port}; try:\n"
           f"  {curl_example(settings, name)}", flush=True)
     try:

@@ -48,6 +48,10 @@ class ServerSettings:
             raise ValueError(f"--queue-timeout-s must be > 0, got {self.queue_timeout_s}")
         if self.drain_timeout_s < 0:
             raise ValueError(f"--drain-timeout-s must be >= 0, got {self.drain_timeout_s}")
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise ValueError("--served-model-name is empty: give the name clients send as `model`, or leave it unset")
+        if self.log_level.lower() not in f.LOG_LEVELS:
+            raise ValueError(f"--log-level must be one of {', '.join(f.LOG_LEVELS)}, got {self.log_level!r}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}")
         if self.load_timeout_s <= 0:

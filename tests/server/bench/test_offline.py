@@ -3,16 +3,27 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 from flotilla_server.bench.cli import main
 
+from tests.docs.doc_blocks import ROOT
+
 pytestmark = pytest.mark.slow  # tens of seconds here; -m 'not slow' skips it
 
 
+def documented_quick_command(tmp_path) -> list[str]:
+    """docs/benchmarks.md's smoke command, its output paths moved under tmp_path."""
+    (line,) = [line for line in (ROOT / "docs" / "benchmarks.md").read_text().splitlines()
+               if line.startswith("flotilla-bench offline --quick")]
+    words = shlex.split(line)[1:]
+    return [str(tmp_path / word.rsplit("/", 1)[-1]) if word.startswith("bench-results/") else word for word in words]
+
+
 def test_offline_quick_smoke(tmp_path, capsys) -> None:
-    out, png = tmp_path / "offline.json", tmp_path / "offline.png"
-    assert main(["offline", "--quick", "--threads", "1", "--json", str(out), "--plot", str(png)]) == 0
+    out, png = tmp_path / "quick.json", tmp_path / "quick.png"
+    assert main(documented_quick_command(tmp_path)) == 0
     report = json.loads(out.read_text())
     assert set(report["workloads"]) == {"tiny", "llama-small"}
     for w in report["workloads"].values():

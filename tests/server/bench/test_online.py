@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import shlex
 import time
 
 from flotilla_server.bench.cli import main as bench_main
+
+from tests.docs.doc_blocks import ROOT
 
 
 def test_online_bench_poisson_with_cancellations(server, tmp_path):
@@ -43,3 +46,13 @@ def test_online_bench_poisson_with_cancellations(server, tmp_path):
 def test_online_bench_explains_bad_arguments(capsys):
     assert bench_main(["online", "--cancel-share", "2"]) == 2
     assert "--cancel-share must be in [0, 1]" in capsys.readouterr().err
+
+
+def test_the_documented_quick_run(server, capsys):
+    """docs/benchmarks.md's `--quick` smoke run, against the test's server instead of one of its own."""
+    (line,) = [line for line in (ROOT / "docs" / "benchmarks.md").read_text().splitlines()
+               if line.startswith("flotilla-bench online") and "--quick" in line]
+    words = shlex.split(line)[1:]
+    words[words.index("--base-url") + 1] = server.base_url
+    assert bench_main(words) == 0
+    assert "requests: 16  completed: 16" in capsys.readouterr().out

@@ -26,7 +26,7 @@ CASES = [
     ("temperature out of range", "POST", C, {**OK, "temperature": 7}, 400, ["temperature", "less than or equal to 2"]),
     ("top_p zero", "POST", C, {**OK, "top_p": 0}, 400, ["top_p", "greater than 0"]),
     ("top_k below -1", "POST", C, {**OK, "top_k": -3}, 400, ["top_k"]),
-    ("prompt over the context", "POST", C, {**OK, "prompt": "word " * 600}, 400, ["never fit", "Shorten"]),
+    ("prompt over the context", "POST", C, {**OK, "prompt": "word " * 600}, 400, ["never fit", "shorten"]),
     ("max_tokens over the context", "POST", C, {**OK, "max_tokens": 5000}, 400, ["never fit", "max_tokens"]),
     ("missing prompt", "POST", C, {"model": "tiny"}, 400, ["prompt", "Field required"]),
     ("empty messages", "POST", CHAT, {**OK_CHAT, "messages": []}, 400, ["messages", "at least 1"]),
@@ -72,3 +72,15 @@ def test_a_body_sent_as_a_form_is_told_to_send_json(server):
                    headers={"Content-Type": "application/x-www-form-urlencoded"}, timeout=30)
     assert r.status_code == 400
     assert "Content-Type: application/json" in r.json()["error"]["message"]
+
+
+def test_the_context_message_says_its_advice_once_and_only_about_fields_sent(server):
+    sent = httpx.post(f"{server.base_url}/v1/completions", json={**OK, "prompt": "word " * 600}, timeout=30)
+    message = sent.json()["error"]["message"]
+    assert message.lower().count("shorten the prompt") == 1, message
+    unsent = httpx.post(f"{server.base_url}/v1/completions", json={"model": "tiny", "prompt": "word " * 3000},
+                        timeout=30)
+    assert unsent.status_code == 400
+    error = unsent.json()["error"]
+    assert "max_tokens" not in error["message"] and "shorten the prompt" in error["message"], error
+    assert (error["param"], error["code"]) == ("prompt", "context_length_exceeded")

@@ -9,6 +9,8 @@ from flotilla_contract.flags import SERVER_FLAGS
 from flotilla_server.cli import build_parser, env_var, parse_bytes, parse_settings
 from flotilla_server.http.settings import ServerSettings
 
+from tests.support.ports import free_port
+
 ISSUE_FLAGS = ["--model", "--served-model-name", "--host", "--port", "--max-num-seqs", "--max-num-batched-tokens",
                "--prefill-chunk", "--block-size", "--num-kv-blocks", "--kv-cache-memory", "--max-model-len",
                "--queue-depth-per-slot", "--queue-timeout-s", "--drain-timeout-s", "--dtype", "--device"]
@@ -54,13 +56,58 @@ def test_parse_bytes(text, expected):
 @pytest.mark.parametrize(("argv", "env", "message"), [
     (["--port", "0"], {}, "--port must be in 1..65535"),
     (["--queue-timeout-s", "0"], {}, "--queue-timeout-s must be > 0"),
-    (["--block-size", "12"], {}, "block_size must be a power of two"),
-    (["--dtype", "int8"], {}, "dtype must be one of"),
+    (["--block-size", "12"], {}, "error: --block-size must be a power of two, got 12"),
+    ([], {"FLOTILLA_BLOCK_SIZE": "3"}, "error: FLOTILLA_BLOCK_SIZE must be a power of two, got 3"),
+    (["--block-size", "4"], {"FLOTILLA_BLOCK_SIZE": "3"}, "prefill"),  # the flag wins; no error of the variable's
+    (["--dtype", "int8"], {}, "error: --dtype must be one of"),
+    ([], {"FLOTILLA_DTYPE": "int8"}, "error: FLOTILLA_DTYPE must be one of"),
+    (["--device", "tpu"], {}, "error: --device must be 'cpu' or 'cuda[:N]'"),
+    (["--max-num-seqs", "0"], {}, "error: --max-num-seqs must be >= 1"),
+    (["--max-num-batched-tokens", "8"], {}, "error: --max-num-batched-tokens must be >= --prefill-chunk"),
+    (["--log-level", "loud"], {}, "error: --log-level must be one of debug, info, warning, error, got 'loud'"),
+    ([], {"FLOTILLA_PORT": "0"}, "error: FLOTILLA_PORT must be in 1..65535"),
+    (["--served-model-name", " "], {}, "error: --served-model-name is empty"),
     (["--kv-cache-memory", "lots"], {}, "not a size"),
     ([], {"FLOTILLA_MAX_NUM_SEQS": "many"}, "FLOTILLA_MAX_NUM_SEQS='many'"),
 ])
 def test_bad_values_exit_with_a_message(argv, env, message, capsys):
+    if message == "prefill":  # the flag's valid value wins over the variable's bad one
+        assert parse_settings(argv, env).block_size == 4
+        return
     with pytest.raises(SystemExit) as exc:
         parse_settings(argv, env)
     assert exc.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1, err  # one line: no usage block
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--model", "/nonexistent"], "error: --model '/nonexistent' is neither 'tiny' nor a directory"),
+    (["--device", "cuda:99"], "error: --device 'cuda:99' is not available"),
+    (["--max-model-len", "999999"], "error: --max-model-len 999999 is outside the model's context of 1..2048"),
+    (["--num-kv-blocks", "4", "--max-model-len", "100"], "needs 7 KV blocks for one sequence but the pool has 4"),
+    (["--kv-cache-memory", "64Ti"], "error: --kv-cache-memory: a KV cache of"),
+    (["--host", "999.1.1.1"], "error: --host '999.1.1.1' is not an address this machine can listen on"),
+])
+def test_values_only_loading_can_refuse_exit_2_in_one_line(argv, message, capsys):
+    from flotilla_server.cli import main
+
+    assert main([*argv, "--port", str(free_port())]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+
+
+def test_a_port_in_use_is_refused_before_the_model_loads(capsys):
+    import socket
+
+    from flotilla_server.cli import main
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert main(["--host", "127.0.0.1", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --port {port} on 127.0.0.1 cannot be listened on" in err and "DEMONSTRATION" not in err

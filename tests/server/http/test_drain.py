@@ -86,4 +86,39 @@ def test_drain_timeout_cuts_off_with_an_error_chunk_and_exits_0(tmp_path):
         assert resp.done and resp.events[-1]["error"]["code"] == "draining"
         assert 0.9 < cut_after_s < 5
         assert whole.status == 503 and json.loads(whole.body)["error"]["code"] == "draining"
+        assert (whole.headers["retry-after"], whole.headers["connection"]) == ("1", "close")
         assert server.proc.wait(timeout=10) == 0
+
+
+def test_a_second_signal_cuts_off_at_once_counted_as_draining_without_a_traceback(tmp_path):
+    with run_server("--drain-timeout-s", "60", tmp_path=tmp_path) as server:
+        url = urlparse(server.base_url)
+        host, port = url.hostname, url.port
+
+        async def go():
+            body = {"model": "tiny", "prompt": "a long one", "max_tokens": 2000, "ignore_eos": True}
+            whole = asyncio.create_task(raw_http.post(host, port, "/v1/completions", body))
+            reader, writer = await raw_http.connect(host, port)
+            writer.write(raw_http.request_bytes(host, port, "/v1/completions", {**body, "stream": True}))
+            resp = await raw_http.read_head(reader, time.monotonic())
+            server.proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.5)
+            server.proc.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            await raw_http.read_rest(reader, resp)
+            return resp, time.monotonic() - signalled, await whole
+
+        resp, cut_after_s, whole = asyncio.run(go())
+        assert cut_after_s < 5  # not the 60 s drain timeout
+        assert resp.done and resp.events[-1]["error"]["code"] == "draining"
+        assert whole.status == 503 and whole.headers["retry-after"] == "1"
+        assert server.proc.wait(timeout=10) == 0
+        log = server.log()
+        assert "Traceback" not in log and "Exception in ASGI application" not in log, log[-3000:]
+
+
+def test_the_drain_log_line_shows_the_timeout_as_set():
+    from flotilla_server.http.serve import drain_started_message
+
+    assert drain_started_message("SIGTERM", 2, 0.5).endswith("up to 0.5 s")
+    assert drain_started_message("SIGTERM", 0, 30.0).endswith("up to 30 s")
