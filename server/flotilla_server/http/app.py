@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from flotilla_server.http.api_key import ApiKeyGuard
 from flotilla_server.http.body_guard import BodyGuard
 from flotilla_server.http.errors import install_error_handlers
 from flotilla_server.http.routes import include_routers
@@ -14,7 +15,7 @@ from flotilla_server.http.shedder import LoadShedder
 from flotilla_server.http.state import ServerState
 
 
-def create_app(state: ServerState, max_body_bytes: int) -> FastAPI:
+def create_app(state: ServerState, max_body_bytes: int, api_key: str | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         state.admission.start()
@@ -40,5 +41,7 @@ def create_app(state: ServerState, max_body_bytes: int) -> FastAPI:
     install_error_handlers(app)
     include_routers(app)
     app.add_middleware(BodyGuard, max_body_bytes=max_body_bytes, on_refuse=state.metrics.count_request)
-    app.add_middleware(LoadShedder, state=state)  # added last: runs first
+    app.add_middleware(LoadShedder, state=state)
+    if api_key:
+        app.add_middleware(ApiKeyGuard, api_key=api_key)  # added last: runs first, so no key learns the load
     return app

@@ -83,7 +83,7 @@ def serve(settings: ServerSettings, engine: EngineClient, model: ServedModel) ->
             max_overtakes=settings.max_num_seqs, queue_timeout_s=settings.queue_timeout_s,
         ),
     )
-    app = create_app(state, settings.max_body_bytes)
+    app = create_app(state, settings.max_body_bytes, settings.api_key)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_graceful_shutdown=1, access_log=False, http=BoundedH11Protocol)
     server = DrainingServer(config, state, settings.drain_timeout_s)
