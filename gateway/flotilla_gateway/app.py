@@ -110,6 +110,8 @@ class Gateway:
         return {p for route in self.routes.values() for p in route.pods}
 
     def _on_routes(self) -> None:
+        for route in self.routes.values():
+            self.metrics.known(route)
         self.activator.pump()
 
     def _on_load(self) -> None:
