@@ -53,7 +53,10 @@ class GatewayMetrics:
 
     def known(self, route: ModelRoute) -> None:
         """Every counter of a model the gateway has seen exists from then on, at 0: a dashboard's rate() of
-        retries is 0, not "no data", until the first retry (the Prometheus practice for known labels)."""
+        retries is 0, not "no data", until the first retry, and the first holds (all released at one wake,
+        often before a scrape) count as an increase from 0 rather than as the series' first sample (the
+        Prometheus practice for known labels)."""
+        self.hold_seconds.labels(route.name, route.namespace)
         for reason in RETRY_REASONS:
             self.retries.labels(route.name, route.namespace, reason)
         self.held.labels(route.name, route.namespace)
