@@ -1,9 +1,10 @@
 """Every panel query of both Grafana dashboards returns data from a real system under load.
 
 The whole loop runs for real: the operator (subprocess) against the Kubernetes API emulator, the pod
-runner starting `flotilla-server --model tiny` processes for its Deployment, a real Prometheus
-scraping those servers and the operator, and a load generator that overloads the model (429s) while
-some clients walk away mid-stream (499s). Each query is then evaluated the way Grafana would for one
+runner starting `flotilla-server --model tiny` processes for its Deployment, a real flotilla-gateway in
+front of them, a real Prometheus scraping the servers, the gateway and the operator, and a load generator
+that overloads the model through the gateway (429s) while some clients walk away mid-stream (499s). The
+model starts at zero replicas, so the gateway's first requests are held and wake it (the hold panels). Each query is then evaluated the way Grafana would for one
 selection of the dashboard's variables (variable queries included); a query that errors or returns no
 finite value fails the test, named by dashboard, panel and refId.
 """
@@ -24,6 +25,7 @@ import yaml
 from e2e.load import LoadGenerator
 from e2e.pod_runner import PodRunner
 from tests.chart.dashboard_queries import PanelQuery, load_dashboards, queries, substitute, variables
+from tests.support.gateway_cluster import gateway_process
 from tests.support.k8s_emulator import serve
 from tests.support.operator_process import operator_process
 from tests.support.prometheus import RealPrometheus, Target
@@ -44,8 +46,8 @@ INFERENCE_MODEL = {
     "spec": {
         "model": {"name": MODEL, "source": {"builtin": "tiny"}},
         "resources": {"gpus": 0},
-        "replicas": 1,
-        "scaling": {"minReplicas": 1, "maxReplicas": 2, "targetQueueDepth": 1},
+        "replicas": 0,
+        "scaling": {"minReplicas": 0, "maxReplicas": 2, "targetQueueDepth": 1},
         "placement": {"policy": "cost-first"},
         "server": {"maxNumSeqs": 2, "maxBatchedTokens": 256, "prefillChunk": 128, "queueDepthPerSlot": 1,
                    "queueTimeoutSeconds": 2},
@@ -54,14 +56,21 @@ INFERENCE_MODEL = {
 
 
 class WithOperatorTarget:
-    """The pod runner rewrites Prometheus' targets on every sync; this keeps the operator among them."""
+    """The pod runner rewrites Prometheus' targets on every sync; this keeps the operator (and, once it runs,
+    the gateway) among them."""
 
     def __init__(self, prometheus: RealPrometheus, operator_address: str) -> None:
         self.prometheus = prometheus
-        self.operator = Target(operator_address, {"job_role": "operator"})  # no namespace: keep the model's
+        self.fixed = [Target(operator_address, {"job_role": "operator"})]  # no namespace: keep the model's
+        self.pods: list[Target] = []
 
     def set_targets(self, targets: Sequence[Target]) -> None:
-        self.prometheus.set_targets([*targets, self.operator])
+        self.pods = list(targets)
+        self.prometheus.set_targets([*self.pods, *self.fixed])
+
+    def add(self, target: Target) -> None:
+        self.fixed.append(target)
+        self.set_targets(self.pods)
 
 
 def walk_away_clients(endpoints, stop: threading.Event) -> None:
@@ -129,7 +138,7 @@ def failing_queries(prometheus: RealPrometheus) -> list[str]:
 
 
 @contextlib.contextmanager
-def running_system(tmp_path: Path) -> Iterator[tuple[RealPrometheus, PodRunner]]:
+def running_system(tmp_path: Path) -> Iterator[tuple[RealPrometheus, PodRunner, str]]:
     crd = yaml.safe_load((ROOT / "crds" / "flotilla.dev_inferencemodels.yaml").read_text())
     with contextlib.ExitStack() as stack:
         prometheus = stack.enter_context(RealPrometheus(scrape_interval_s=1.0))
@@ -141,17 +150,20 @@ def running_system(tmp_path: Path) -> Iterator[tuple[RealPrometheus, PodRunner]]
         targets.set_targets([])
         runner = stack.enter_context(PodRunner(k8s.url, NAMESPACE, targets, tmp_path))  # type: ignore[arg-type]
         k8s.create(INFERENCE_MODEL)
-        yield prometheus, runner
+        gateway = stack.enter_context(gateway_process(k8s.kubeconfig, tmp_path, "--namespace", NAMESPACE))
+        targets.add(Target(f"127.0.0.1:{gateway.port}", {"job_role": "gateway"}))
+        yield prometheus, runner, gateway.url
 
 
 @pytest.mark.timeout(240)
 def test_every_dashboard_panel_returns_data_under_load(tmp_path: Path) -> None:
-    with running_system(tmp_path) as (prometheus, runner):
+    with running_system(tmp_path) as (prometheus, runner, gateway_url):
         deadline = time.monotonic() + DATA_TIMEOUT_S
+        # through the gateway from the start: the first requests are held, and wake the model from zero
+        load = LoadGenerator(lambda: [gateway_url], MODEL, concurrency=12, max_tokens=16).start()
         while not runner.endpoints(MODEL):
             assert time.monotonic() < deadline, f"no ready replica of {MODEL}: {runner.errors}"
             time.sleep(0.25)
-        load = LoadGenerator(lambda: runner.endpoints(MODEL), MODEL, concurrency=12, max_tokens=16).start()
         stop_walkers = threading.Event()
         walkers = threading.Thread(target=walk_away_clients, args=(lambda: runner.endpoints(MODEL), stop_walkers),
                                    daemon=True)

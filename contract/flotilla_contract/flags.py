@@ -91,6 +91,9 @@ SERVER_FLAGS: tuple[Flag, ...] = (
     Flag("--max-body-bytes", "max_body_bytes", "bytes", DEFAULT_MAX_BODY_BYTES,
          "Largest request body accepted; larger gets 413."),
     Flag("--log-level", "log_level", "str", "info", f"{', '.join(LOG_LEVELS)}."),
+    Flag("--api-key", "api_key", "str", None,
+         "Require 'Authorization: Bearer <key>' on the OpenAI endpoints (/v1/...), else 401; probes, /metrics "
+         "and /flotilla/v1/load stay open. Prefer the environment variable: a flag shows in the process list."),
 )
 
 FLAGS_BY_NAME = {f.flag: f for f in SERVER_FLAGS}

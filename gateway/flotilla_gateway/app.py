@@ -11,7 +11,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -56,6 +56,9 @@ class GatewaySettings:
     # with keys on, a client's cache_salt is always replaced by its tenant; salt_by_tenant also adds it when
     # absent, which needs servers that accept `cache_salt` (prefix caching)
     salt_by_tenant: bool = False
+    # the key every model's servers were started with (flotilla-server --api-key): sent upstream in place
+    # of whatever Authorization the client sent; None sends the client's own (when keys are off)
+    upstream_api_key: str | None = field(default=None, repr=False)
 
 
 class Gateway:
@@ -107,6 +110,8 @@ class Gateway:
         return {p for route in self.routes.values() for p in route.pods}
 
     def _on_routes(self) -> None:
+        for route in self.routes.values():
+            self.metrics.known(route)
         self.activator.pump()
 
     def _on_load(self) -> None:
@@ -150,7 +155,7 @@ class Gateway:
                 finally:
                     gone.cancel()
                 route = self.routes.get(model, route)
-            headers = _upstream_headers(request, tenant_of_key)
+            headers = _upstream_headers(request, tenant_of_key, self.settings.upstream_api_key)
             if tenant_of_key is not None and ("cache_salt" in body or self.settings.salt_by_tenant):
                 body["cache_salt"] = tenant_of_key.name  # one tenant cannot probe another's prefix cache
                 raw = json.dumps(body).encode()
@@ -227,15 +232,20 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-def _upstream_headers(request: Request, tenant: Tenant | None) -> dict[str, str]:
+def _upstream_headers(request: Request, tenant: Tenant | None, upstream_key: str | None) -> dict[str, str]:
     """The client's headers minus hop-by-hop ones; with keys on, the gateway's tenant replaces the client's
-    tenant and class headers, and the key itself stays here."""
+    tenant and class headers, and the key itself stays here. With an upstream key, the servers get it in
+    place of the client's."""
     stripped = set(HOP_BY_HOP) | {"accept-encoding"}
     if tenant is not None:
         stripped |= {"authorization", TENANT_HEADER.lower(), CLASS_HEADER.lower()}
+    if upstream_key is not None:
+        stripped.add("authorization")
     headers: dict[str, Any] = {k: v for k, v in request.headers.items() if k.lower() not in stripped}
     if tenant is not None:
         headers[TENANT_HEADER] = tenant.name
+    if upstream_key is not None:
+        headers["authorization"] = f"Bearer {upstream_key}"
     headers["content-type"] = "application/json"
     return headers
 

@@ -17,7 +17,7 @@ from flotilla_contract.sizes import parse_bytes
 
 from flotilla_gateway.access_log import configure
 from flotilla_gateway.app import Gateway, GatewaySettings
-from flotilla_gateway.keys import load_keys
+from flotilla_gateway.keys import load_keys, read_upstream_key
 from flotilla_gateway.load_board import DEFAULT_POLL_INTERVAL_S
 
 DEFAULT_PORT = 8080
@@ -43,6 +43,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--salt-cache-by-tenant", action="store_true",
                    help="With API keys, set every request's cache_salt to its tenant (a client's own cache_salt "
                         "is always replaced); needs servers that accept cache_salt (prefix caching).")
+    p.add_argument("--upstream-api-key-file", metavar="PATH",
+                   default=os.environ.get("FLOTILLA_UPSTREAM_API_KEY_FILE"),
+                   help="File holding the key the servers were started with (flotilla-server --api-key, a mounted "
+                        "Secret); sent to every pod as 'Authorization: Bearer <key>' "
+                        "(default: $FLOTILLA_UPSTREAM_API_KEY_FILE, else none).")
     p.add_argument("--poll-interval-s", type=float, default=DEFAULT_POLL_INTERVAL_S,
                    help="How often each pod's load report is read, seconds.")
     p.add_argument("--max-body-bytes", type=parse_bytes, default=DEFAULT_MAX_BODY_BYTES,
@@ -76,9 +81,16 @@ def main(argv: list[str] | None = None) -> None:
             keys = load_keys(args.api_keys_file)
         except ValueError as error:
             sys.exit(f"flotilla-gateway: {error}")
+    upstream_key = None
+    if args.upstream_api_key_file:
+        try:
+            upstream_key = read_upstream_key(args.upstream_api_key_file)
+        except ValueError as error:
+            sys.exit(f"flotilla-gateway: {error}")
     settings = GatewaySettings(namespaces=args.namespaces, kubeconfig=args.kubeconfig, in_cluster=args.in_cluster,
                                keys=keys, poll_interval_s=args.poll_interval_s, max_body_bytes=args.max_body_bytes,
-                               connect_timeout_s=args.connect_timeout_s, salt_by_tenant=args.salt_cache_by_tenant)
+                               connect_timeout_s=args.connect_timeout_s, salt_by_tenant=args.salt_cache_by_tenant,
+                               upstream_api_key=upstream_key)
     gateway = Gateway(settings)
     config = uvicorn.Config(gateway.app(), host=args.host, port=args.port, log_level=args.log_level,
                             access_log=False, timeout_graceful_shutdown=int(args.drain_timeout_s),

@@ -43,6 +43,17 @@ def load_keys(path: str | Path) -> dict[str, Tenant]:
     return keys
 
 
+def read_upstream_key(path: str) -> str:
+    """The servers' key (flotilla-server --api-key) from a mounted Secret's file, surrounding whitespace dropped."""
+    try:
+        key = Path(path).read_text().strip()
+    except OSError as error:
+        raise ValueError(f"cannot read the upstream key file {path}: {error}") from error
+    if not key or any(c.isspace() for c in key):
+        raise ValueError(f"the upstream key file {path} must hold one key (no spaces), the servers' --api-key")
+    return key
+
+
 def authenticate(keys: dict[str, Tenant], authorization: str | None) -> Tenant:
     """The tenant of the request's `Authorization: Bearer KEY`, or GatewayError 401."""
     scheme, _, key = (authorization or "").partition(" ")

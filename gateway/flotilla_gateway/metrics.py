@@ -18,6 +18,7 @@ WAKES = "flotilla_gateway_wakes"
 ROUTING_SECONDS = "flotilla_gateway_routing_decision_seconds"
 POD_LOAD = "flotilla_gateway_pod_load"
 MODEL = (MODEL_LABEL, MODEL_NAMESPACE_LABEL)
+RETRY_REASONS = ("connect_error", "429", "502", "503", "504")
 HOLD_BUCKETS_S = (0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
 ROUTING_BUCKETS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3)
 
@@ -40,7 +41,8 @@ class GatewayMetrics:
                                [*MODEL, "reason"], registry=r)
         self.wakes = Counter(WAKES, "Scale-from-zero writes, by result (woken, lost_race, failed).",
                              [*MODEL, "result"], registry=r)
-        self.routing_seconds = Histogram(ROUTING_SECONDS, "Time to choose a pod, by policy.", ["policy"],
+        self.routing_seconds = Histogram(ROUTING_SECONDS, "Time to choose a pod, by model and policy.",
+                                         [*MODEL, "policy"],
                                          buckets=ROUTING_BUCKETS_S, registry=r)
         self.pod_load = Gauge(POD_LOAD, "Each pod's load as the gateway sees it, by figure "
                                         "(in_flight, waiting, running, kv_usage, age_seconds).",
@@ -48,6 +50,17 @@ class GatewayMetrics:
 
     def count(self, model: str, namespace: str, code: int, route: str, tenant: str) -> None:
         self.requests.labels(model, namespace, str(code), route, tenant).inc()
+
+    def known(self, route: ModelRoute) -> None:
+        """Every counter of a model the gateway has seen exists from then on, at 0: a dashboard's rate() of
+        retries is 0, not "no data", until the first retry, and the first holds (all released at one wake,
+        often before a scrape) count as an increase from 0 rather than as the series' first sample (the
+        Prometheus practice for known labels)."""
+        self.hold_seconds.labels(route.name, route.namespace)
+        for reason in RETRY_REASONS:
+            self.retries.labels(route.name, route.namespace, reason)
+        self.held.labels(route.name, route.namespace)
+        self.oldest_held.labels(route.name, route.namespace)
 
     def wake(self, route: ModelRoute, result: str) -> None:
         self.wakes.labels(route.name, route.namespace, result).inc()

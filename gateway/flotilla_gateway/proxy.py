@@ -53,7 +53,7 @@ class Proxy:
     def _pick(self, route: ModelRoute, key: str, policy: Policy, tried: set[str]) -> str | None:
         started = time.perf_counter()
         pod = choose(self.board.views(p for p in route.pods if p not in tried), key, policy)
-        self.metrics.routing_seconds.labels(policy).observe(time.perf_counter() - started)
+        self.metrics.routing_seconds.labels(route.name, route.namespace, policy).observe(time.perf_counter() - started)
         return pod.address if pod is not None else None
 
     async def forward(self, route: ModelRoute, path: str, body: bytes, headers: dict[str, str], key: str,

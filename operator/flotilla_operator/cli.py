@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Reconcile InferenceModel resources into fleets of flotilla-server pods. "
         "Logs in with the in-cluster service account, or the standard kubeconfig ($KUBECONFIG, ~/.kube/config; "
         "tokens, token files, client certificates and exec plugins), and logs in again when the API server answers 401.",
-        epilog="To see the Deployment, Service, PodDisruptionBudget and ServiceMonitor a model would get, without a "
+        epilog="To see the Deployment, Service, PodDisruptionBudget, NetworkPolicy and ServiceMonitor a model would get, without a "
         "cluster: flotilla-operator render -f FILE.yaml [--service-monitor] (flotilla-operator render --help).",
     )
     scope = parser.add_mutually_exclusive_group()
@@ -58,7 +58,7 @@ def build_render_parser() -> argparse.ArgumentParser:
         prog="flotilla-operator render",
         formatter_class=lambda prog: argparse.HelpFormatter(prog, width=100),
         description="Print the children an InferenceModel would get (Service, Deployment, PodDisruptionBudget, "
-        "ServiceMonitor when asked), defaults applied, as multi-document YAML, as `helm template` does. "
+        "NetworkPolicy with spec.networkPolicy.enabled, ServiceMonitor when asked), defaults applied, as multi-document YAML, as `helm template` does. "
         "No cluster is needed.",
     )
     render.add_arguments(parser, DEFAULT_SERVER_IMAGE)

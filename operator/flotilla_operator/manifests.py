@@ -23,6 +23,7 @@ from flotilla_contract.labels import (
 
 from flotilla_operator import types
 from flotilla_operator.model_source import render_source
+from flotilla_operator.network_policy import build_network_policy
 from flotilla_operator.placement import GPU_RESOURCE, render_placement
 from flotilla_operator.server_args import PORT, render_server_args
 
@@ -217,6 +218,9 @@ def desired_children(owner: Owner, default_image: str, monitoring: bool) -> list
     children = [build_service(owner, default_image), build_deployment(owner, default_image)]
     if (pdb := build_pdb(owner, default_image)) is not None:
         children.append(pdb)
+    meta = metadata(owner, owner.spec.image or default_image)
+    if (policy := build_network_policy(owner.spec.network_policy, meta, selector_labels(owner))) is not None:
+        children.append(policy)
     if monitoring:
         children.append(build_service_monitor(owner, default_image))
     return children

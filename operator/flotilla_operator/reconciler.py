@@ -32,7 +32,8 @@ from flotilla_operator.settings import OperatorSettings
 from flotilla_operator.status import Observed, Problem, compute_status, status_changed
 from flotilla_operator.status_writer import write_status as write_model_status
 
-PRUNABLE_KINDS = (("policy/v1", "PodDisruptionBudget"),)  # the only child a spec change can make unwanted
+# the children a spec change can make unwanted (cost-first drops the PDB; networkPolicy.enabled: false its policy)
+PRUNABLE_KINDS = (("policy/v1", "PodDisruptionBudget"), ("networking.k8s.io/v1", "NetworkPolicy"))
 NOT_PROBLEMS = ("AsExpected", "ReplicasLost")  # Degraded reasons that come from observation, not from the spec
 NAME_CONFLICT = "ModelNameConflict"  # Degraded, but its pods still run: its own Service still reaches them
 PAST_TENSE = {"create": "Created", "update": "Updated", "delete": "Deleted"}

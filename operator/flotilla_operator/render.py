@@ -1,7 +1,7 @@
 """`flotilla-operator render -f FILE.yaml`: the children an InferenceModel would get, with no cluster.
 
 Like `helm template`, it shows what would be applied before anything is: the Service, the Deployment,
-the PodDisruptionBudget (latency-first) and, when `--service-monitor` says the Prometheus operator is
+the PodDisruptionBudget (latency-first), the NetworkPolicy (spec.networkPolicy) and, when `--service-monitor` says the Prometheus operator is
 installed, the ServiceMonitor, with every default filled in. It uses the same pure builders as the
 reconciler (manifests.desired_children), so what it prints is what the operator creates. With no
 cluster there is no uid to point at, so the owner references are left out unless the input carries

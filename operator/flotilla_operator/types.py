@@ -257,6 +257,29 @@ class ServerSpec(ApiModel):
     extra_args: list[str] = Field(default_factory=list, description="extraArgs are appended to the server's command line.")
 
 
+class NetworkPeer(ApiModel):
+    namespace_labels: dict[str, str] = Field(
+        default_factory=dict, description="namespaceLabels select the peer's namespaces; empty means every namespace."
+    )
+    pod_labels: dict[str, str] = Field(description="podLabels select the peer's pods in those namespaces.")
+
+
+def _gateway_peer() -> NetworkPeer:  # the labels the chart puts on flotilla-gateway's pods
+    return NetworkPeer(pod_labels={"app.kubernetes.io/part-of": "flotilla", "app.kubernetes.io/component": "gateway"})
+
+
+def _prometheus_peer() -> NetworkPeer:  # the label the Prometheus operator puts on Prometheus's pods
+    return NetworkPeer(pod_labels={"app.kubernetes.io/name": "prometheus"})
+
+
+class NetworkPolicySpec(ApiModel):
+    enabled: bool = Field(
+        False, description="enabled renders a NetworkPolicy: the model's pods then accept traffic only from the gateway and Prometheus."
+    )
+    gateway: NetworkPeer = Field(default_factory=_gateway_peer, description="gateway selects flotilla-gateway's pods (default: the chart's labels).")
+    prometheus: NetworkPeer = Field(default_factory=_prometheus_peer, description="prometheus selects the pods that scrape /metrics.")
+
+
 class InferenceModelSpec(ApiModel):
     model_config = ConfigDict(
         json_schema_extra=rules(
@@ -286,6 +309,9 @@ class InferenceModelSpec(ApiModel):
         default_factory=ColdStartSpec, description="coldStart bounds the requests flotilla-gateway holds while the model scales from zero."
     )
     routing: RoutingSpec = Field(default_factory=RoutingSpec, description="routing sets how flotilla-gateway picks a replica.")
+    network_policy: NetworkPolicySpec = Field(
+        default_factory=NetworkPolicySpec, description="networkPolicy limits who may reach the model's pods."
+    )
 
 
 class Condition(ApiModel):

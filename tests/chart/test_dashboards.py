@@ -33,6 +33,7 @@ def exported_names(registry: CollectorRegistry) -> set[str]:
 
 
 def system_series() -> set[str]:
+    from flotilla_gateway.metrics import GatewayMetrics
     from flotilla_operator import metrics as operator_metrics
     from flotilla_server.http.metrics import ServerMetrics, StateSnapshot
 
@@ -41,7 +42,7 @@ def system_series() -> set[str]:
     for collector in vars(operator_metrics).values():
         if isinstance(collector, MetricWrapperBase):
             operator.register(collector)
-    return exported_names(server.registry) | exported_names(operator)
+    return exported_names(server.registry) | exported_names(operator) | exported_names(GatewayMetrics().registry)
 
 
 def test_dashboards_have_fixed_uids_and_titles() -> None:
@@ -99,6 +100,11 @@ def test_fleet_dashboard_has_the_required_panels() -> None:
         "Output tokens/s": "flotilla_generation_tokens_total",
         "KV cache usage": "flotilla_kv_cache_usage_ratio",
         "Autoscaler decisions": "flotilla_operator_autoscaler_decisions_total",
+        "Held requests": "flotilla_gateway_requests_held",
+        "Hold time": "flotilla_gateway_hold_seconds_bucket",
+        "Routing decisions/s": "flotilla_gateway_routing_decision_seconds_count",
+        "Per-pod load as the gateway sees it": "flotilla_gateway_pod_load",
+        "Gateway retries/s by reason": "flotilla_gateway_upstream_retries_total",
     }
     for panel, needle in required.items():
         assert needle in exprs[panel], panel

@@ -1,5 +1,6 @@
-"""The gateway in front of a real `flotilla-server --model tiny`, with API keys on: the openai SDK streams
-through it, bad keys never reach the server, tenants cannot pose as each other, and disconnects free the KV."""
+"""The gateway in front of a real `flotilla-server --model tiny`, with API keys on at both: the openai SDK
+streams through it (the gateway sends the servers' own key), bad keys never reach the server, tenants cannot
+pose as each other, and disconnects free the KV."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ KEYS = """
 sk-team-a: {tenant: team-a, models: [tiny, probe]}
 sk-team-b: {tenant: team-b, models: [probe]}
 """
+SERVER_KEY = "sk-servers-only"
 
 
 @dataclass
@@ -44,7 +46,9 @@ class Setup:
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     directory: Path = tmp_path_factory.mktemp("real")
     (directory / "keys.yaml").write_text(KEYS)
-    with serve_api(directory) as k8s, run_server("--max-num-seqs", "4", tmp_path=directory) as server, \
+    (directory / "server-key").write_text(SERVER_KEY + "\n")
+    with serve_api(directory) as k8s, run_server("--max-num-seqs", "4", env={"FLOTILLA_API_KEY": SERVER_KEY},
+                                                 tmp_path=directory) as server, \
             fake_pods() as pods:
         k8s.create(inference_model("tiny"))
         host, port = server.base_url.removeprefix("http://").split(":")
@@ -53,7 +57,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         pods.start(probe)
         k8s.create(inference_model("probe"))
         publish(k8s, "probe", [probe], pods.port)
-        with gateway_process(k8s.kubeconfig, directory, "--api-keys-file", str(directory / "keys.yaml")) as gateway:
+        with gateway_process(k8s.kubeconfig, directory, "--api-keys-file", str(directory / "keys.yaml"),
+                             "--upstream-api-key-file", str(directory / "server-key")) as gateway:
             deadline = time.monotonic() + 10
             while [m["ready_replicas"] for m in httpx.get(gateway.url + "/v1/models").json()["data"]] != [1, 1]:
                 assert time.monotonic() < deadline, httpx.get(gateway.url + "/v1/models").text
@@ -68,8 +73,9 @@ def test_the_openai_sdk_streams_through_the_gateway(setup: Setup) -> None:
     chunks = list(stream)
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 8
     assert sum(len(c.choices) for c in chunks) >= 8
-    direct = openai.OpenAI(base_url=setup.server.base_url + "/v1", api_key="unused")
-    assert [m.id for m in direct.models.list().data] == ["tiny"]
+    direct = openai.OpenAI(base_url=setup.server.base_url + "/v1", api_key="sk-team-a", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):  # a tenant's key opens the gateway, not the servers
+        direct.models.list()
 
 
 def test_the_gateway_reads_the_servers_load_report(setup: Setup) -> None:
@@ -102,7 +108,8 @@ def test_the_tenant_comes_from_the_key(setup: Setup) -> None:
     state = setup.pods.states[setup.probe]
     headers = {k.lower(): v for k, v in state.last_headers.items()}
     assert headers["x-flotilla-tenant"] == "team-b"  # replaced, not passed on
-    assert "x-flotilla-class" not in headers and "authorization" not in headers
+    assert "x-flotilla-class" not in headers
+    assert headers["authorization"] == f"Bearer {SERVER_KEY}"  # the servers' key, never the client's
     assert state.last_body["cache_salt"] == "team-b"  # no probing another tenant's prefix cache
     metrics = httpx.get(setup.gateway.url + "/metrics").text
     assert 'model="probe",model_namespace="default",route="/v1/chat/completions",tenant="team-b"} 1.0' in metrics

@@ -16,7 +16,7 @@ from flotilla_server.cli import parse_settings
 from tests.support.examples import EXAMPLES, ROOT, load_example
 
 DEFAULT_IMAGE = types.DEFAULT_SERVER_IMAGE
-BUILTIN_KINDS = {"Deployment", "Service", "PodDisruptionBudget"}
+BUILTIN_KINDS = {"Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"}
 
 
 def owner_of(example: str | dict[str, Any]) -> Owner:
@@ -74,7 +74,7 @@ def test_tiny_cpu_example():
 def test_llama_example_gpu_huggingface_latency_first():
     owner = owner_of("llama-3.1-8b-latency-first.yaml")
     kids = children(owner)
-    assert set(kids) == {"Service", "Deployment", "PodDisruptionBudget"}
+    assert set(kids) == {"Service", "Deployment", "PodDisruptionBudget", "NetworkPolicy"}
     pod = kids["Deployment"]["spec"]["template"]["spec"]
     server = container(kids["Deployment"])
     assert server["resources"]["limits"]["nvidia.com/gpu"] == "1"

@@ -303,17 +303,21 @@ def test_deploy_rbac_grants_exactly_what_the_operator_uses(tmp_path):
                     "metadata": {"name": "models", "namespace": "default"}, "spec": {}})
         obj = tiny("audited", placement={"policy": "latency-first"})
         obj["spec"]["model"]["source"] = {"pvc": {"claimName": "models"}}
+        obj["spec"]["networkPolicy"] = {"enabled": True}
         k8s.create(obj)
         wait_deployment(k8s, "audited")
-        children = (("v1", "services"), ("policy/v1", "poddisruptionbudgets"), ("monitoring.coreos.com/v1", "servicemonitors"))
+        children = (("v1", "services"), ("policy/v1", "poddisruptionbudgets"), ("monitoring.coreos.com/v1", "servicemonitors"),
+                    ("networking.k8s.io/v1", "networkpolicies"))
         for api_version, plural in children:
             k8s.eventually(lambda a=api_version, p=plural: k8s.get(a, p, "audited", "default"), WAIT_S)
             k8s.patch(api_version, plural, "audited", "default", {"metadata": {"labels": {"app.kubernetes.io/version": "x"}}})
         for api_version, plural in children:  # drift: each child replaced back
             k8s.eventually(lambda a=api_version, p=plural: k8s.get(a, p, "audited", "default")["metadata"]["labels"]
                            ["app.kubernetes.io/version"] == "0.1.0", WAIT_S)
-        k8s.patch(*IM, "audited", "default", {"spec": {"server": {"maxNumSeqs": 4}, "placement": {"policy": "cost-first"}}})
+        k8s.patch(*IM, "audited", "default", {"spec": {"server": {"maxNumSeqs": 4}, "placement": {"policy": "cost-first"},
+                                                        "networkPolicy": {"enabled": False}}})
         k8s.eventually(lambda: k8s.get("policy/v1", "poddisruptionbudgets", "audited", "default") is None, WAIT_S)
+        k8s.eventually(lambda: k8s.get("networking.k8s.io/v1", "networkpolicies", "audited", "default") is None, WAIT_S)
         k8s.delete(*IM, "audited", "default")
         k8s.eventually(lambda: k8s.get(*IM, "audited", "default") is None, WAIT_S)
         audit = list(k8s.emulator.audit)

@@ -44,6 +44,7 @@ BUILTIN_KINDS = (
     Kind("apps", "v1", "deployments", "Deployment", subresources=("status", "scale"),
          scale_selector_path=".spec.selector"),
     Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", subresources=("status",)),
+    Kind("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"),
     Kind("events.k8s.io", "v1", "events", "Event"),
     Kind("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
          namespaced=False, subresources=("status",)),

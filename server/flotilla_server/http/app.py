@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from flotilla_server.http.api_key import ApiKeyGuard
 from flotilla_server.http.body_guard import BodyGuard
 from flotilla_server.http.errors import install_error_handlers
 from flotilla_server.http.routes import include_routers
@@ -29,7 +30,7 @@ async def stop_serving(state: ServerState) -> None:
     await state.admission.stop()
 
 
-def create_app(state: ServerState, max_body_bytes: int) -> FastAPI:
+def create_app(state: ServerState, max_body_bytes: int, api_key: str | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         start_serving(state)
@@ -50,5 +51,7 @@ def create_app(state: ServerState, max_body_bytes: int) -> FastAPI:
     install_error_handlers(app)
     include_routers(app)
     app.add_middleware(BodyGuard, max_body_bytes=max_body_bytes, on_refuse=state.metrics.count_request)
-    app.add_middleware(LoadShedder, state=state)  # added last: runs first
+    app.add_middleware(LoadShedder, state=state)
+    if api_key:
+        app.add_middleware(ApiKeyGuard, api_key=api_key)  # added last: runs first, so no key learns the load
     return app

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uvicorn
 
+from flotilla_server.http.api_key import ApiKeyGuard
 from flotilla_server.http.bounded_protocol import BoundedH11Protocol
 from flotilla_server.http.pool_front import PoolFront
 from flotilla_server.http.pool_routes import create_pool_app
@@ -24,7 +25,8 @@ def build_front(settings: ServerSettings, cache: ModelCache) -> PoolFront:
 def serve_pool(settings: ServerSettings, cache: ModelCache) -> int:
     """Serve until drained; stops the load worker and every engine on the way out."""
     front = build_front(settings, cache)
-    config = uvicorn.Config(front, host=settings.host, port=settings.port, log_level=settings.log_level,
+    app = ApiKeyGuard(front, settings.api_key) if settings.api_key else front  # as a single-model server
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_graceful_shutdown=1, access_log=False, http=BoundedH11Protocol, lifespan="on")
     server = DrainingServer(config, front, settings.drain_timeout_s)
     names = cache.names()

@@ -118,7 +118,7 @@ def serve(settings: ServerSettings, engine: EngineClient, model: ServedModel) ->
     """Serve until drained; shuts the (started) engine down on the way out."""
     name = model.name
     state = build_state(settings, engine, model)
-    app = create_app(state, settings.max_body_bytes)
+    app = create_app(state, settings.max_body_bytes, settings.api_key)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_graceful_shutdown=1, access_log=False, http=BoundedH11Protocol)
     server = DrainingServer(config, state, settings.drain_timeout_s)

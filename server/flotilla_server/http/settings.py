@@ -6,7 +6,7 @@ The fields, their defaults and their flags come from one table, flotilla_contrac
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flotilla_contract import flags as f
 from flotilla_contract.sizes import parse_bytes
@@ -38,8 +38,11 @@ class ServerSettings:
     device: str = "cpu"
     max_body_bytes: int = f.DEFAULT_MAX_BODY_BYTES
     log_level: str = "info"
+    api_key: str | None = field(default=None, repr=False)  # a secret: kept out of logs and tracebacks
 
     def __post_init__(self) -> None:
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("--api-key (FLOTILLA_API_KEY) is empty: set a key, or leave it unset for no key")
         if not 0 < self.port < 65536:
             raise ValueError(f"--port must be in 1..65535, got {self.port}")
         if self.queue_depth_per_slot < 0:
