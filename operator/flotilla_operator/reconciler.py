@@ -67,6 +67,8 @@ async def reconcile(ctx: Context, body: dict[str, Any], logger: logging.Logger |
     """Bring one InferenceModel's children and status to the desired state."""
     meta = body["metadata"]
     name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
+    if meta.get("deletionTimestamp"):
+        return  # being deleted: children made now would outlive it until the garbage collector runs
     ref = object_ref(namespace, name, uid)
     metrics.RECONCILES.labels(resource="inferencemodel").inc()
     try:

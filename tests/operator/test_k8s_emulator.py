@@ -101,6 +101,13 @@ def test_finalizers_hold_deletion_and_owner_references_cascade(k8s):
     k8s.patch(*IM, "owner", "default", {"metadata": {"finalizers": None}})
     assert k8s.get(*IM, "owner", "default") is None
     assert k8s.get("v1", "services", "owned", "default") is None  # garbage-collected
+    # a child created after its owner went (a reconcile racing the deletion) is collected too
+    k8s.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "late", "namespace": "default",
+                                                                    "ownerReferences": [ref]}, "spec": {}})
+    assert k8s.get("v1", "services", "late", "default") is None
+    k8s.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "unowned", "namespace": "default"},
+                "spec": {}})
+    assert k8s.get("v1", "services", "unowned", "default") is not None
 
 
 def test_watch_resumes_after_a_resource_version(k8s):

@@ -228,7 +228,16 @@ class FlotillaEmulator(kmock.KubernetesEmulator):
         if kind.kind == "CustomResourceDefinition":
             self.register(kind_from_crd(obj))
         self._emit(kind, "ADDED", obj)
-        return copy.deepcopy(obj)
+        created = copy.deepcopy(obj)
+        if self.garbage_collection and self._owners_gone(obj):
+            self.delete(kind, ns, meta["name"])  # created after its owner went: the collector takes it
+        return created
+
+    def _owners_gone(self, obj: dict[str, Any]) -> bool:
+        """Every owner reference names an object that no longer exists (kube-controller-manager's rule)."""
+        refs = obj["metadata"].get("ownerReferences") or []
+        live_uids = {o["metadata"]["uid"] for o in self.store.values()}
+        return bool(refs) and not any(r.get("uid") in live_uids for r in refs)
 
     def _write(self, kind: Kind, ns: str | None, name: str, new: dict[str, Any], sub: str | None) -> dict[str, Any]:
         """Store a new version of an existing object, keeping what its subresource rules protect."""
