@@ -20,7 +20,7 @@ import aiohttp.web
 import attrs
 import kmock
 
-from tests.support import crd_schema
+from tests.support import crd_schema, k8s_defaults
 from tests.support.k8s_kinds import (
     MAX_LOGGED_EVENTS,
     NAMESPACE_PATH,
@@ -186,10 +186,14 @@ class FlotillaEmulator(kmock.KubernetesEmulator):
             raise ApiError(404, "NotFound", f'{kind.plural}.{kind.group or "core"} "{name}" not found')
         return obj
 
-    def _admit(self, kind: Kind, obj: dict[str, Any]) -> dict[str, Any]:
-        """Defaults and validation of custom resources, as the API server does on every write."""
+    def _admit(self, kind: Kind, obj: dict[str, Any], old: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Defaults (built-in kinds: k8s_defaults; custom resources: their schema) and validation, on every write."""
         if kind.schema is None:
-            return obj
+            try:
+                return k8s_defaults.apply_defaults(kind.kind, obj, old)
+            except ValueError as error:
+                name = obj.get("metadata", {}).get("name")
+                raise ApiError(422, "Invalid", f'{kind.kind} "{name}" is invalid: {error}') from error
         obj = crd_schema.apply_defaults(kind.schema, obj)
         errors = crd_schema.validate(kind.schema, obj)
         if errors:
@@ -262,7 +266,7 @@ class FlotillaEmulator(kmock.KubernetesEmulator):
             else:
                 meta.pop(frozen, None)
         new["apiVersion"], new["kind"] = kind.api_version, kind.kind
-        new = self._admit(kind, new)
+        new = self._admit(kind, new, old)
         if new == old:
             return copy.deepcopy(old)  # a no-op write changes nothing, not even resourceVersion
         if body_of(new) != body_of(old):
