@@ -284,7 +284,7 @@ def test_transient_api_errors_are_retried_with_backoff(tmp_path):
 
 
 # Granted for code paths this test does not drive: the autoscaler's scale writes (the e2e suite
-# drives them) and kopf peering (only with --peering).
+# drives them) and kopf peering (only with --peering; tests/operator/test_peering.py audits it).
 RESERVED = {("patch", "flotilla.dev", "inferencemodels/scale")} | {
     (verb, "kopf.dev", resource) for verb in ("get", "list", "watch", "patch")
     for resource in ("clusterkopfpeerings", "kopfpeerings")}

@@ -7,6 +7,7 @@ draws its own priority at start, so they never tie.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from collections import Counter
@@ -18,6 +19,7 @@ import yaml
 from tests.support.examples import ROOT, crd
 from tests.support.k8s_emulator import serve
 from tests.support.operator_process import OperatorProcess, start_operator
+from tests.support.rbac import allows
 
 TAKEOVER_S = 30.0
 WAIT_S = 20.0
@@ -43,8 +45,15 @@ def model(name: str) -> dict:
             "spec": {"model": {"name": name, "source": {"builtin": "tiny"}}}}
 
 
-def standing_by(op: OperatorProcess) -> bool:
-    return "Pausing operations in favour of" in op.log()
+def priority(op: OperatorProcess) -> int | None:
+    match = re.search(r"peering 'flotilla' with priority (\d+)", op.log())
+    return int(match.group(1)) if match else None
+
+
+def acting(op: OperatorProcess, since: int = 0) -> bool:
+    """kopf's last word on peering in this log (from offset `since`) is that it resumed."""
+    log = op.log()[since:]
+    return log.rfind("Resuming operations after the pause") > log.rfind("Pausing operations")
 
 
 @pytest.fixture
@@ -69,12 +78,11 @@ def pair(tmp_path: Path):
 
 def test_one_replica_acts_the_other_stands_by_and_takes_over_after_sigkill(pair):
     k8s, ops = pair
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline and not any(standing_by(op) for op in ops):
-        time.sleep(0.2)
-    standby = [op for op in ops if standing_by(op)]
-    assert len(standby) == 1, [op.log()[-1500:] for op in ops]
-    (active,) = [op for op in ops if op is not standby[0]]
+    k8s.eventually(lambda: all(priority(op) for op in ops), WAIT_S, message="both priorities logged")
+    assert priority(ops[0]) != priority(ops[1])  # drawn at random per process: no tie
+    active, standby = sorted(ops, key=priority, reverse=True)  # kopf's rule: the highest acts
+    k8s.eventually(lambda: acting(active) and not acting(standby), WAIT_S,
+                   message=f"one acting, one standing by: {[op.log()[-1500:] for op in ops]}")
     assert not any("Pausing all operators, including self" in op.log() for op in ops)  # no tie, no freeze
 
     k8s.create(model("one"))
@@ -83,8 +91,10 @@ def test_one_replica_acts_the_other_stands_by_and_takes_over_after_sigkill(pair)
     writes = Counter((e.verb, e.resource) for e in k8s.emulator.audit
                      if e.verb in ("create", "update") and e.resource in ("deployments", "services"))
     assert writes == {("create", "deployments"): 1, ("create", "services"): 1}, writes  # one set, no duplicates
-    assert standby[0].healthy() and active.healthy()  # standing by is not a failure
+    assert standby.healthy() and active.healthy()  # standing by is not a failure
+    assert not acting(standby)
 
+    log_at_kill = len(standby.log())
     active.kill()  # SIGKILL: no goodbye in the peering object; its keep-alive must lapse
     killed_s = time.monotonic()
     k8s.create(model("two"))
@@ -93,24 +103,41 @@ def test_one_replica_acts_the_other_stands_by_and_takes_over_after_sigkill(pair)
     took_s = time.monotonic() - killed_s
     print(f"takeover after SIGKILL: {took_s:.1f}s")
     assert took_s < TAKEOVER_S
-    assert "Resuming operations after the pause" in standby[0].log()
+    assert acting(standby, since=log_at_kill)
+    assert_peering_rbac(list(k8s.emulator.audit), "kopfpeerings")
 
 
 def test_without_the_peering_object_liveness_fails_and_says_what_is_missing(tmp_path):
+    (peering,) = [d for d in chart() if "Peering" in d["kind"]]  # all namespaces: one ClusterKopfPeering
+    assert peering["kind"] == "ClusterKopfPeering"
     with serve(tmp_path, crds=[crd(), *PEERING_CRDS]) as k8s:
-        op = start_operator(k8s.kubeconfig, tmp_path / "operator.log", "--peering", "flotilla", wait_healthy=False)
+        op = start_operator(k8s.kubeconfig, tmp_path / "operator.log", *peering_args(chart()), namespace=None,
+                            wait_healthy=False)
         try:
             deadline = time.monotonic() + WAIT_S
             while time.monotonic() < deadline and "peering object missing" not in op.log():
                 op.healthy()  # the probe runs when asked
                 time.sleep(0.5)
             assert not op.healthy()
-            assert 'KopfPeering in namespace "default" "flotilla" does not exist' in op.log()
-            k8s.create({"apiVersion": "kopf.dev/v1", "kind": "KopfPeering",
-                        "metadata": {"name": "flotilla", "namespace": "default"}})
+            assert 'ClusterKopfPeering "flotilla" does not exist' in op.log()
+            k8s.create(peering)
             k8s.eventually(op.healthy, WAIT_S, interval_s=1.0, message="healthy once the object exists")
+            k8s.create(model("late"))
+            k8s.eventually(lambda: k8s.get("apps/v1", "deployments", "late", "default"), WAIT_S, message="acting")
+            audit = list(k8s.emulator.audit)
         finally:
             op.stop()
+    assert_peering_rbac(audit, "clusterkopfpeerings")
+
+
+def assert_peering_rbac(audit: list, resource: str) -> None:
+    """Every kopf.dev verb the operator used is granted, and every one granted for `resource` was used."""
+    rules = next(d for d in yaml.safe_load_all((ROOT / "deploy" / "rbac.yaml").read_text()) if d["kind"] == "ClusterRole")["rules"]
+    used = {(e.verb, e.group, e.resource) for e in audit if not e.user_agent.startswith("python-httpx")}
+    assert [u for u in used if not allows(rules, *u)] == []
+    granted = {(verb, "kopf.dev", resource) for rule in rules if "kopf.dev" in rule["apiGroups"]
+               and resource in rule["resources"] for verb in rule["verbs"]}
+    assert granted and granted <= used, granted - used
 
 
 def test_standalone_runs_one_replica_without_peering_objects(tmp_path):

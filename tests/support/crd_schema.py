@@ -14,7 +14,6 @@ from typing import Any
 import celpy
 import jsonschema
 
-
 ROOT_FIELDS = ("apiVersion", "kind", "metadata")
 
 
