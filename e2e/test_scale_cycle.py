@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from e2e.conftest import AUTOSCALE_INTERVAL_S
-from e2e.harness import Loop, Recorder, inference_model, monotone
+from e2e.harness import Loop, Recorder, epoch, inference_model, monotone
 from e2e.load import LoadGenerator
 
 NAME = "cycle"
@@ -31,17 +31,21 @@ def test_scale_out_under_load_and_back_after_the_window(loop: Loop) -> None:
             try:
                 queue = f'sum(flotilla_requests_waiting{{namespace="default",model="{NAME}"}})'
                 loop.prometheus.wait_for(queue, lambda v: v > 0, timeout_s=20)
-                queue_seen_s = time.monotonic()
+                queue_seen_s = time.monotonic()  # late by one poll of wait_for at most, which loosens the check by as much
                 loop.wait(lambda: loop.replicas(NAME) >= 3, 3 * AUTOSCALE_INTERVAL_S + 1, ">= 3 replicas")
-                scaled_s = time.monotonic()
                 loop.wait(lambda: len(loop.runner.endpoints(NAME)) >= 3, 60, "three replicas serving")
                 time.sleep(max(LOAD_S - (time.monotonic() - queue_seen_s), 0))
             finally:
+                stopped_s = time.monotonic()  # before stop(), which waits for requests in flight
                 report = load.stop()
-            stopped_s = time.monotonic()
             loop.wait(lambda: loop.replicas(NAME) == 1, WINDOW_S + 6 * AUTOSCALE_INTERVAL_S, "back to 1 replica")
-            down_s, down_epoch_s = time.monotonic(), time.time()
             loop.wait(lambda: loop.runner.processes(NAME) == 1, 30, "surplus servers stopped")
+        # Times from what the recorder saw and what the operator recorded, not from clocks read after waits.
+        scaled = recorder.first(lambda s: s.replicas >= 3)
+        down = recorder.first(lambda s: s.replicas == 1, after_s=stopped_s)
+        assert scaled is not None and down is not None, recorder.samples[-5:]
+        scaled_s, down_s = scaled.t_s, down.t_s
+        down_epoch_s = epoch(loop.model(NAME)["status"]["autoscaler"]["lastScaleTime"])  # the scale-down itself
 
         print(f"queue -> >=3 replicas {scaled_s - queue_seen_s:.1f}s; load stop -> 1 replica {down_s - stopped_s:.1f}s; "
               f"max {max(s.replicas for s in recorder.samples)} replicas; {report.completed} completed, "
