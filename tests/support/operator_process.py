@@ -64,7 +64,7 @@ class OperatorProcess:
 
 
 def start_operator(kubeconfig: str, log_path: Path, *args: str, namespace: str | None = "default",
-                   ready_timeout_s: float = 30.0, wait_healthy: bool = True) -> OperatorProcess:
+                   ready_timeout_s: float = 60.0, wait_healthy: bool = True) -> OperatorProcess:
     """Start the operator watching `namespace` (None: all namespaces) and wait until /healthz answers
     (`wait_healthy` False: until it answers at all, healthy or not). Standalone unless `args` hold --peering."""
     health_port, metrics_port = free_port(), free_port()
