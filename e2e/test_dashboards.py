@@ -21,6 +21,7 @@ import httpx
 import pytest
 import yaml
 
+from e2e.conftest import SERVER_START_S
 from e2e.load import LoadGenerator
 from e2e.pod_runner import PodRunner
 from tests.chart.dashboard_queries import PanelQuery, load_dashboards, queries, substitute, variables
@@ -33,7 +34,7 @@ NAMESPACE = "default"
 MODEL = "tiny"
 WINDOW_S = 30  # the range each query is evaluated over, as a dashboard's recent time range
 DATA_TIMEOUT_S = 60  # how long the system may take to produce a series for every panel, once a replica serves
-READY_TIMEOUT_S = 120  # operator, Deployment and a server process starting (importing torch) on a shared machine
+READY_TIMEOUT_S = SERVER_START_S  # operator, Deployment and a server process starting on a shared machine
 # Panels whose series this load must move, not merely create (every rejection reason starts at 0).
 MUST_BE_NONZERO = {"429/s by reason", "499/s by reason", "Output tokens/s"}
 

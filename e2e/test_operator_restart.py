@@ -37,7 +37,9 @@ def test_restart_mid_window_keeps_the_window(loop: Loop) -> None:
             assert restarted < window_start + WINDOW_S / 2, "too slow to restart mid-window"
             loop.restart_operator()
             loop.wait(lambda: loop.replicas(NAME) == 1, WINDOW_S + 6 * AUTOSCALE_INTERVAL_S, "scale-down")
-        down = epoch(loop.model(NAME)["status"]["autoscaler"]["lastScaleTime"])  # the operator's own record
+        # the operator's own record; status is written just after the scale, so it may lag the replica count
+        down = epoch(loop.wait(lambda: loop.model(NAME)["status"]["autoscaler"].get("lastScaleTime"), 30,
+                               "the scale-down recorded in status"))
         # the new process' first decision; a reset window would end no earlier than a window after it
         after = [t for t, _ in recorder.recommendations() if t >= restarted]
         new_first = min(after, default=down)
