@@ -14,6 +14,7 @@ import pytest
 from e2e.harness import Loop, whole_loop
 
 AUTOSCALE_INTERVAL_S = 2.0  # --autoscale-interval-s for the whole suite
+SERVER_START_S = 120.0  # a flotilla-server process importing torch and becoming ready on a shared, busy machine
 _HERE = Path(__file__).resolve().parent
 
 

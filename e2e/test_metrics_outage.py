@@ -36,12 +36,12 @@ def test_outage_holds_replicas_and_recovers(loop: Loop) -> None:
                 assert loop.condition(NAME, "ScalingActive")["reason"] == "MetricsUnavailable"
                 assert loop.model(NAME)["status"]["autoscaler"]["lastReason"] == "MetricsUnavailable"
             finally:
+                outage_end = time.monotonic()  # before start(): a decision may land while Prometheus starts
                 loop.prometheus.start()
-                restarted = time.monotonic()
             loop.wait(lambda: loop.condition(NAME, "ScalingActive").get("status") == "True",
                       3 * AUTOSCALE_INTERVAL_S + 5, "ScalingActive again")
             loop.wait(lambda: loop.replicas(NAME) == 1, WINDOW_S + 4 * AUTOSCALE_INTERVAL_S + 5, "scaling resumed")
-        held = recorder.between(0, restarted)
+        held = recorder.between(0, outage_end)
         assert held and set(held) == {2}, held  # from creation to the end of the outage, well past the window
         warnings = [e for e in loop.k8s.list("v1", "events", "default")
                     if e.get("reason") == "MetricsUnavailable" and e["involvedObject"]["name"] == NAME]

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 
-from e2e.conftest import AUTOSCALE_INTERVAL_S
-from e2e.harness import Loop, Recorder, inference_model, monotone
+from e2e.conftest import AUTOSCALE_INTERVAL_S, SERVER_START_S
+from e2e.harness import Loop, Recorder, epoch, inference_model, monotone
 from e2e.load import LoadGenerator
 
 NAME = "cycle"
@@ -25,23 +25,35 @@ def test_scale_out_under_load_and_back_after_the_window(loop: Loop) -> None:
     loop.apply(inference_model(NAME, "cost-first", replicas=1, minReplicas=1, maxReplicas=4, targetQueueDepth=2,
                                scaleDownStabilizationSeconds=WINDOW_S))
     try:
-        loop.wait(lambda: loop.runner.endpoints(NAME), 60, "the first replica serving")
+        loop.wait(lambda: loop.runner.endpoints(NAME), SERVER_START_S, "the first replica serving")
         with Recorder(loop.k8s.url, NAME) as recorder:
             load = LoadGenerator(lambda: loop.runner.endpoints(NAME), NAME, CLIENTS, max_tokens=48).start()
             try:
                 queue = f'sum(flotilla_requests_waiting{{namespace="default",model="{NAME}"}})'
                 loop.prometheus.wait_for(queue, lambda v: v > 0, timeout_s=20)
-                queue_seen_s = time.monotonic()
+                queue_seen_s = time.monotonic()  # late by one poll of wait_for at most, which loosens the check by as much
                 loop.wait(lambda: loop.replicas(NAME) >= 3, 3 * AUTOSCALE_INTERVAL_S + 1, ">= 3 replicas")
-                scaled_s = time.monotonic()
-                loop.wait(lambda: len(loop.runner.endpoints(NAME)) >= 3, 60, "three replicas serving")
+                loop.wait(lambda: len(loop.runner.endpoints(NAME)) >= 3, SERVER_START_S, "three replicas serving")
                 time.sleep(max(LOAD_S - (time.monotonic() - queue_seen_s), 0))
             finally:
+                stopped_s = time.monotonic()  # before stop(), which waits for requests in flight
                 report = load.stop()
-            stopped_s = time.monotonic()
             loop.wait(lambda: loop.replicas(NAME) == 1, WINDOW_S + 6 * AUTOSCALE_INTERVAL_S, "back to 1 replica")
-            down_s, down_epoch_s = time.monotonic(), time.time()
             loop.wait(lambda: loop.runner.processes(NAME) == 1, 30, "surplus servers stopped")
+        # Times from what the recorder saw and what the operator recorded, not from clocks read after waits.
+        scaled = recorder.first(lambda s: s.replicas >= 3)
+        down = recorder.first(lambda s: s.replicas == 1, after_s=stopped_s)
+        assert scaled is not None and down is not None, recorder.samples[-5:]
+        scaled_s, down_s = scaled.t_s, down.t_s
+
+        def scaled_down_at() -> float | None:
+            """lastScaleTime once it records the scale-down (later than every busy recommendation in status)."""
+            auto = loop.model(NAME)["status"]["autoscaler"]
+            busy = [epoch(r["time"]) for r in auto.get("recommendations") or [] if r["replicas"] > 1]
+            at = epoch(auto["lastScaleTime"]) if auto.get("lastScaleTime") else None
+            return at if at is not None and at > max(busy, default=0.0) else None
+
+        down_epoch_s = loop.wait(scaled_down_at, 30, "the scale-down recorded in status")  # the operator's record
 
         print(f"queue -> >=3 replicas {scaled_s - queue_seen_s:.1f}s; load stop -> 1 replica {down_s - stopped_s:.1f}s; "
               f"max {max(s.replicas for s in recorder.samples)} replicas; {report.completed} completed, "

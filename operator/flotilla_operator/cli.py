@@ -39,6 +39,16 @@ def build_parser() -> argparse.ArgumentParser:
     peering = parser.add_mutually_exclusive_group()
     peering.add_argument("--peering", metavar="NAME", help="coordinate with other operator replicas via this KopfPeering")
     peering.add_argument("--standalone", action="store_true", help="run without peering (the default)")
+    parser.add_argument(
+        "--priority", type=int, default=None,
+        help="peering priority of this replica: the highest acts, the others stand by "
+        "(default: a random number drawn at start, so that two replicas never tie and freeze)",
+    )
+    parser.add_argument(
+        "--peering-lifetime-s", type=int, default=20,
+        help="seconds after its last keep-alive that a silent replica counts as dead and a standby takes over "
+        "(default: %(default)s)",
+    )
     parser.add_argument("--verbose", "-v", action="store_true", help="log debug messages")
     parser.add_argument("--health-port", type=int, default=8081, help="port of the /healthz liveness endpoint (default: %(default)s)")
     parser.add_argument("--metrics-port", type=int, default=8080, help="port of the Prometheus /metrics endpoint (default: %(default)s)")
@@ -73,6 +83,8 @@ def settings_from_args(args: argparse.Namespace) -> OperatorSettings:
         default_image=args.default_image,
         peering=args.peering,
         standalone=args.peering is None,
+        priority=args.priority,
+        peering_lifetime_s=args.peering_lifetime_s,
         verbose=args.verbose,
         health_port=args.health_port,
         metrics_port=args.metrics_port,

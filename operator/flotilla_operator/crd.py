@@ -102,6 +102,7 @@ PRINTER_COLUMNS = [
     {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
     {"name": "Queue", "type": "integer", "jsonPath": ".status.autoscaler.queueDepth"},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Message", "type": "string", "jsonPath": ".status.message"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from flotilla_operator.quantity import QUANTITY_KEYS, same_quantity
+
 Key = tuple[str, str, str]  # (apiVersion, kind, name)
 Verb = Literal["create", "update", "delete"]
 # Fields the API server allocates on a Service and refuses to have changed.
@@ -55,25 +57,32 @@ class Plan:
         return tuple(a for a in self.actions if a.verb == verb)
 
 
-def is_subset(desired: Any, live: Any) -> bool:
-    """Every value in `desired` is in `live`; lists must match element by element."""
+def is_subset(desired: Any, live: Any, quantities: bool = False) -> bool:
+    """Every value in `desired` is in `live`; lists must match element by element.
+
+    Under `resources.limits`/`requests` and `sizeLimit` (`quantities`), values compare as quantities:
+    the API server stores `0.5` as `500m`.
+    """
     if isinstance(desired, dict):
-        return isinstance(live, dict) and all(k in live and is_subset(v, live[k]) for k, v in desired.items())
+        return isinstance(live, dict) and all(
+            k in live and is_subset(v, live[k], quantities or k in QUANTITY_KEYS) for k, v in desired.items())
     if isinstance(desired, list):
-        return isinstance(live, list) and len(desired) == len(live) and all(map(is_subset, desired, live))
-    return desired == live
+        return isinstance(live, list) and len(desired) == len(live) and all(
+            is_subset(d, v, quantities) for d, v in zip(desired, live, strict=True))
+    return same_quantity(desired, live) if quantities else desired == live
 
 
-def differing_paths(desired: Any, live: Any, prefix: str = "") -> list[str]:
+def differing_paths(desired: Any, live: Any, prefix: str = "", quantities: bool = False) -> list[str]:
     """Dotted paths where `live` lacks or differs from `desired` (lists compare as a whole)."""
     if isinstance(desired, dict) and isinstance(live, dict):
         paths = []
         for key, value in desired.items():
             path = f"{prefix}.{key}" if prefix else key
+            inner = quantities or key in QUANTITY_KEYS
             if key not in live:
                 paths.append(path)
-            elif not is_subset(value, live[key]):
-                paths += differing_paths(value, live[key], path)
+            elif not is_subset(value, live[key], inner):
+                paths += differing_paths(value, live[key], path, inner)
         return paths
     return [prefix or "(root)"]
 

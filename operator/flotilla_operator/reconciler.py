@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
 
-from flotilla_operator import metrics, rfc3339, types
+from flotilla_operator import metrics, pod_health, rfc3339, types
 from flotilla_operator.apply import execute, observe
 from flotilla_operator.events import object_ref, post_event
 from flotilla_operator.kube import KubeClient, KubeError
@@ -34,7 +35,8 @@ from flotilla_operator.status_writer import write_status as write_model_status
 
 # the children a spec change can make unwanted (cost-first drops the PDB; networkPolicy.enabled: false its policy)
 PRUNABLE_KINDS = (("policy/v1", "PodDisruptionBudget"), ("networking.k8s.io/v1", "NetworkPolicy"))
-NOT_PROBLEMS = ("AsExpected", "ReplicasLost")  # Degraded reasons that come from observation, not from the spec
+# Degraded reasons that come from observation, not from the spec: recomputed on every write, never carried
+NOT_PROBLEMS = ("AsExpected", "ReplicasLost", *pod_health.REASONS)
 NAME_CONFLICT = "ModelNameConflict"  # Degraded, but its pods still run: its own Service still reaches them
 PAST_TENSE = {"create": "Created", "update": "Updated", "delete": "Deleted"}
 
@@ -94,6 +96,8 @@ async def reconcile(ctx: Context, body: dict[str, Any], logger: logging.Logger |
     """Bring one InferenceModel's children and status to the desired state."""
     meta = body["metadata"]
     name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
+    if meta.get("deletionTimestamp"):
+        return  # being deleted: children made now would outlive it until the garbage collector runs
     ref = object_ref(namespace, name, uid)
     metrics.RECONCILES.labels(resource="inferencemodel").inc()
     try:
@@ -149,8 +153,14 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
     last one recorded, so observedGeneration never claims a spec that was not reconciled yet.
 
     Returns the status as it was before (status_writer.write_status: one read-compute-write, retried on conflict).
+    A pod problem that is new (its reason differs from the last Degraded reason) gets one Warning Event.
     """
+    written: dict[str, Any] = {}
+    uid = ""
+
     async def compute(obj: dict[str, Any]) -> dict[str, Any] | None:
+        nonlocal uid
+        uid = obj["metadata"]["uid"]
         previous = obj.get("status") or {}
         try:
             spec = types.parse_spec(obj.get("spec") or {})
@@ -159,6 +169,7 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
             desired, max_replicas = int((obj.get("spec") or {}).get("replicas") or 0), 0
             served_name = name
         deployment = await ctx.kube.get("apps/v1", "deployments", namespace, name)
+        pods = await ctx.kube.list("v1", "pods", namespace, pod_selector_string(name)) if deployment else []
         generation = applied_generation or previous.get("observedGeneration") or obj["metadata"].get("generation", 1)
         observed = Observed(
             generation=generation,
@@ -166,15 +177,37 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
             deployment=deployment,
             problems=tuple(_known_problems(previous) if problems is None else problems),
             previous_status=previous,
+            pod_problem=pod_health.summarize(pods, time.time()),
         )
         new = compute_status(observed, endpoint(name, namespace), pod_selector_string(name), rfc3339.now())
         # label `model` is the served name, as on the servers' own metrics, so dashboards can join them
         metrics.DESIRED_REPLICAS.labels(namespace=namespace, model=served_name).set(desired)
         metrics.READY_REPLICAS.labels(namespace=namespace, model=served_name).set(new["readyReplicas"])
         metrics.MAX_REPLICAS.labels(namespace=namespace, model=served_name).set(max_replicas)
+        written.clear()
+        written.update(new)
         return new if status_changed(previous, new) else None
 
-    return await write_model_status(ctx.kube, namespace, name, compute)
+    previous = await write_model_status(ctx.kube, namespace, name, compute)
+    if previous is not None:
+        await _announce_pod_problem(ctx, object_ref(namespace, name, uid), previous, written)
+    return previous
+
+
+def _degraded(status: dict[str, Any] | None) -> tuple[str, str] | None:
+    for condition in (status or {}).get("conditions") or []:
+        if condition.get("type") == "Degraded" and condition.get("status") == "True":
+            return condition.get("reason", ""), condition.get("message", "")
+    return None
+
+
+async def _announce_pod_problem(ctx: Context, ref: dict[str, Any], previous: dict[str, Any],
+                                new: dict[str, Any]) -> None:
+    """One Warning Event when pods start failing for a new reason (not per back-off step or recount)."""
+    now, before = _degraded(new), _degraded(previous)
+    if now is None or now[0] not in pod_health.REASONS or (before is not None and before[0] == now[0]):
+        return
+    await post_event(ctx.kube, ref, "Warning", now[0], now[1])
 
 
 def forget(namespace: str, served_name: str) -> None:

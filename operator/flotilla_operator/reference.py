@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from flotilla_operator import crd
+from flotilla_operator import crd, pod_health
 
 INTRO = """\
 # The Flotilla operator
@@ -79,18 +79,49 @@ The operator writes `status` through the status subresource and only the fields 
 | `Pending` | The InferenceModel was accepted; no Deployment has been observed yet. |
 | `Progressing` | Replicas are starting or rolling out: fewer ready than desired. |
 | `Ready` | Every desired replica is ready and the Deployment has rolled out the current spec. |
-| `Degraded` | The spec cannot be honoured (for example a missing PVC), or desired replicas were ready and are no longer all ready. The `Degraded` condition says why. |
+| `Degraded` | The spec cannot be honoured (for example a missing PVC), pods fail (see below), or desired replicas were ready and are no longer all ready. The `Degraded` condition says why. |
 | `ScaledToZero` | The desired replicas are 0 (cost-first, idle). A request to the endpoint waits for a scale-up. |
 
 | condition | True means | reasons |
 |---|---|---|
 | `Ready` | At least one replica serves and all desired replicas are ready. | `AllReplicasReady`, `ReplicasNotReady`, `ScaledToZero` |
 | `Progressing` | A rollout or scale-up is under way. | `RollingOut`, `Scaling`, `Complete` |
-| `Degraded` | The operator cannot honour the spec, or serving capacity was lost. | `ClaimNotFound`, `InvalidSpec`, `ReplicasLost`, `AsExpected` |
+| `Degraded` | The operator cannot honour the spec, pods fail, or serving capacity was lost. | `ClaimNotFound`, `InvalidSpec`, `ChildRejected`, {pod_reasons}, `ReplicasLost`, `AsExpected` |
 | `ScalingActive` | The autoscaler has metrics and controls `.spec.replicas`. Written by the autoscaler. | `ValidMetricFound`, `MetricsUnavailable`, `ScalingDisabled` |
+
+`status.message` (the `Message` column of `kubectl get im`) is the first clause of the `Degraded`
+message when degraded, else the `Ready` message.
+
+### Pod failures
+
+The operator watches the model's pods and turns what the kubelet and the scheduler report into the
+`Degraded` condition, aggregated over the pods, commonest reason first: `2/4 pods: ImagePullBackOff
+(m-7d9f-x1): container server: Back-off pulling image "…"; check spec.image …`. One Warning Event
+is posted when the reason changes, not on every back-off step. The condition clears when the pods recover.
+
+| reason | from the pod | what to change |
+|---|---|---|
+| `OOMKilled` | a container terminated `OOMKilled`, now or in `lastState` (it wins over the `CrashLoopBackOff` that follows) | `spec.resources.memory`, or less KV cache or fewer slots |
+| `CreateContainerConfigError` | waiting: `CreateContainerConfigError` / `CreateContainerError` (a missing Secret or key, e.g. `tokenSecret`) | create the Secret or key, or fix the reference |
+| `ImagePullBackOff` | waiting: `ImagePullBackOff`, `ErrImagePull`, `InvalidImageName` | `spec.image` (or `--default-image`) and the pull secret |
+| `Unschedulable` | `PodScheduled` False/`Unschedulable` for {grace_s:.0f} s or more (a node autoscaler adding a GPU node is normal before that); the scheduler's message is quoted | a node that fits, or smaller `spec.resources`, or a looser `spec.placement` |
+| `StartupProbeFailing` | running with `started: false` longer than its startup probe allows (initialDelay + failureThreshold × period) | read its logs: the model loads slower than the probe allows |
+| `CrashLoopBackOff` | waiting: `CrashLoopBackOff`, `RunContainerError` | read `kubectl logs --previous` |
 
 Each action (child created, updated, recreated after drift, spec not honoured) is also recorded as a
 Kubernetes Event on the `InferenceModel` (`kubectl describe im NAME`).
+
+## High availability
+
+The chart runs two operator pods with kopf peering (`--peering NAME`): it installs kopf's peering
+CRDs (`crds/kopf.dev_peerings.yaml`) and creates the peering object, a `KopfPeering` in each of
+`operator.watchNamespaces`, or one `ClusterKopfPeering` when all namespaces are watched. Each pod
+draws a random priority at start (`--priority` sets one), so one acts and the other stands by;
+equal priorities would make kopf pause both. A pod that stops renewing its keep-alive for
+`--peering-lifetime-s` (chart: `operator.peering.lifetimeSeconds`, 20 s) counts as dead, even after a
+SIGKILL, and the standby takes over (measured in the tests: within 30 s). `/healthz` fails only when
+the peering object is missing, with a log line naming it; a pod standing by is healthy. Without
+`--peering` (`operator.peering.enabled: false`, `replicaCount: 1`) one pod runs standalone.
 """
 
 
@@ -177,7 +208,8 @@ def render(cli_help: str, render_help: str) -> str:
         columns,
         "",
         PODS_TEXT,
-        STATUS_TEXT,
+        STATUS_TEXT.format(pod_reasons=", ".join(f"`{r}`" for r in pod_health.REASONS),
+                           grace_s=pod_health.UNSCHEDULABLE_GRACE_S),
         "## Status reference\n",
         *status_rows,
         "\n## Command line\n",

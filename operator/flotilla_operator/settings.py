@@ -17,6 +17,8 @@ class OperatorSettings:
     default_image: str = DEFAULT_SERVER_IMAGE
     peering: str | None = None  # None with standalone True: no peering at all
     standalone: bool = True
+    priority: int | None = None  # kopf peering priority; None: a random one drawn at start, so replicas never tie
+    peering_lifetime_s: int = 20  # a replica silent this long is dead: the standby takes over
     verbose: bool = False
     health_port: int = 8081
     metrics_port: int = 8080
@@ -33,3 +35,5 @@ class OperatorSettings:
             raise ValueError("--autoscale-interval-s and --drift-interval-s must be > 0")
         if not self.standalone and not self.peering:
             raise ValueError("give --peering NAME or --standalone")
+        if self.peering_lifetime_s < 5:
+            raise ValueError("--peering-lifetime-s must be >= 5: kopf renews it 5 to 10 s before it lapses")

@@ -1,6 +1,6 @@
 """Status policy: observed facts (the Deployment, problems found) in, the status fields we own out.
 
-The operator owns phase, replicas, readyReplicas, desiredReplicas, observedGeneration, endpoint,
+The operator owns phase, message, replicas, readyReplicas, desiredReplicas, observedGeneration, endpoint,
 selector and the Ready, Progressing and Degraded conditions. Every other condition (ScalingActive)
 and `status.autoscaler` belong to the autoscaler and pass through untouched.
 """
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 OWNED_CONDITIONS = ("Ready", "Progressing", "Degraded")
+MESSAGE_COLUMN_CHARS = 100  # status.message is a printer column: the whole story is in the Degraded condition
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Observed:
     deployment: dict[str, Any] | None  # None: not created (yet)
     problems: tuple[Problem, ...] = ()
     previous_status: dict[str, Any] | None = None
+    pod_problem: Problem | None = None  # why pods fail (pod_health.summarize), found on every write
 
 
 def _deployment_counts(deployment: dict[str, Any] | None) -> tuple[int, int, int, bool]:
@@ -61,6 +63,9 @@ def compute_status(observed: Observed, endpoint: str, selector: str, now: str) -
     if observed.problems:
         phase = "Degraded"
         degraded = (True, observed.problems[0].reason, "; ".join(p.message for p in observed.problems))
+    elif observed.pod_problem is not None and desired > 0:
+        phase = "Degraded"
+        degraded = (True, observed.pod_problem.reason, observed.pod_problem.message)
     elif lost or (was_serving and previous_status.get("phase") == "Degraded" and ready < desired and rolled_out):
         phase = "Degraded"
         degraded = (True, "ReplicasLost", f"{ready} of {desired} replicas are ready; the others stopped passing readiness")
@@ -90,6 +95,7 @@ def compute_status(observed: Observed, endpoint: str, selector: str, now: str) -
     else:
         progressing = (False, "Complete", "")
 
+    message = degraded[2] if degraded[0] else ready_condition[2]
     generation, before = observed.generation, previous_conditions
     owned = [
         _condition("Ready", *ready_condition, before, generation, now),
@@ -99,6 +105,7 @@ def compute_status(observed: Observed, endpoint: str, selector: str, now: str) -
     others = [c for c in previous_status.get("conditions") or [] if c.get("type") not in OWNED_CONDITIONS]
     return {
         "phase": phase,
+        "message": short_message(message),
         "replicas": replicas,
         "readyReplicas": ready,
         "desiredReplicas": desired,
@@ -107,6 +114,12 @@ def compute_status(observed: Observed, endpoint: str, selector: str, now: str) -
         "selector": selector,
         "conditions": owned + others,
     }
+
+
+def short_message(message: str, max_chars: int = MESSAGE_COLUMN_CHARS) -> str:
+    """The first clause of `message`, cut to fit the `kubectl get` column."""
+    first = message.split("; ")[0]
+    return first if len(first) <= max_chars else first[:max_chars - 1] + "…"
 
 
 def status_changed(previous: dict[str, Any] | None, new: dict[str, Any]) -> bool:

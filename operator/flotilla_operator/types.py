@@ -345,6 +345,9 @@ class InferenceModelStatus(ApiModel):
     phase: Literal["Pending", "Progressing", "Ready", "Degraded", "ScaledToZero"] | None = Field(
         None, description="phase summarises the conditions in one word."
     )
+    message: str | None = Field(
+        None, description="message says in one short line why the phase is what it is (e.g. `2/4 pods: ImagePullBackOff ...`)."
+    )
     replicas: int | None = Field(None, description="replicas the Deployment runs now (the scale subresource reads it).")
     ready_replicas: int | None = Field(None, description="readyReplicas are replicas passing their readiness probe.")
     desired_replicas: int | None = Field(None, description="desiredReplicas is spec.replicas clamped to the scaling bounds.")

@@ -10,6 +10,7 @@ import yaml
 from tests.chart.render import CHART, REPO_ROOT, one, render
 
 CRD_NAME = "flotilla.dev_inferencemodels.yaml"
+PEERING_CRDS = "kopf.dev_peerings.yaml"
 
 
 def test_chart_crd_is_identical_to_the_generated_crd() -> None:
@@ -18,7 +19,8 @@ def test_chart_crd_is_identical_to_the_generated_crd() -> None:
     assert chart_copy.read_bytes() == source.read_bytes(), (
         f"{chart_copy.relative_to(REPO_ROOT)} differs from {source.relative_to(REPO_ROOT)}: run `make generate`"
     )
-    assert [p.name for p in (CHART / "crds").iterdir()] == [CRD_NAME]
+    assert sorted(p.name for p in (CHART / "crds").iterdir()) == [CRD_NAME, PEERING_CRDS]
+    assert (CHART / "crds" / PEERING_CRDS).read_bytes() == (REPO_ROOT / "crds" / PEERING_CRDS).read_bytes()
 
 
 def test_generated_chart_files_are_up_to_date() -> None:
@@ -35,4 +37,8 @@ def test_cluster_role_rules_are_the_operator_rbac_rules() -> None:
 
 def test_rendered_crd_is_the_source_crd() -> None:
     source = yaml.safe_load((REPO_ROOT / "crds" / CRD_NAME).read_text())
-    assert one(render("default"), "CustomResourceDefinition") == source
+    rendered = [d for d in render("default") if d["kind"] == "CustomResourceDefinition"]
+    assert [d for d in rendered if d["metadata"]["name"] == source["metadata"]["name"]] == [source]
+    peering = [d for d in yaml.safe_load_all((REPO_ROOT / "crds" / PEERING_CRDS).read_text()) if d]
+    assert sorted((d for d in rendered if d["metadata"]["name"] != source["metadata"]["name"]),
+                  key=lambda d: d["metadata"]["name"]) == sorted(peering, key=lambda d: d["metadata"]["name"])

@@ -50,18 +50,32 @@ def test_all_options_render_every_optional_resource() -> None:
                      "ServiceMonitor"]
 
 
+def test_peering_objects_follow_the_watched_namespaces() -> None:
+    peerings = [(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in render("all-options")
+                if "Peering" in d["kind"]]
+    assert peerings == [("KopfPeering", "team-a", "flotilla-ha"), ("KopfPeering", "team-b", "flotilla-ha")]
+    default = [(d["kind"], d["metadata"]["name"]) for d in render("default") if "Peering" in d["kind"]]
+    assert default == [("ClusterKopfPeering", "flotilla")]  # all namespaces: one cluster-wide object
+    standalone = render("default", "operator.peering.enabled=false", "replicaCount=1")
+    assert not [d for d in standalone if "Peering" in d["kind"]]
+    assert "--standalone" in container(standalone)["args"]
+    assert one(standalone, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+
+
 def container(docs: tuple[dict, ...]) -> dict:
     (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
     return c
 
 
-def test_default_operator_flags_watch_all_namespaces_standalone() -> None:
+def test_default_operator_flags_watch_all_namespaces_with_peering() -> None:
+    assert one(render("default"), "Deployment")["spec"]["replicas"] == 2
     assert container(render("default"))["args"] == [
         "--all-namespaces",
         "--prometheus-url=http://prometheus-operated.monitoring.svc:9090",
         "--default-image=ghcr.io/flotilla-dev/flotilla-server:0.1.0",
         "--autoscale-interval-s=15",
-        "--standalone",
+        "--peering=flotilla",
+        "--peering-lifetime-s=20",
         "--health-port=8081",
         "--metrics-port=8080",
     ]
@@ -76,6 +90,7 @@ def test_values_become_operator_flags() -> None:
         "--default-image=registry.example.com/flotilla/flotilla-server:0.1.0",
         "--autoscale-interval-s=10",
         "--peering=flotilla-ha",
+        "--peering-lifetime-s=15",
         "--verbose",
         "--health-port=9081",
         "--metrics-port=9080",
@@ -106,7 +121,7 @@ def test_operator_runs_non_root_read_only_without_privileges() -> None:
     sc = container(render("default"))["securityContext"]
     assert sc == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
     assert container(render("default"))["resources"]["limits"]["memory"]
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate"}  # peering: a standby may overlap
 
 
 def test_recommended_labels_on_every_chart_resource() -> None:
@@ -165,7 +180,7 @@ def test_prometheus_rule_is_the_alert_file_verbatim() -> None:
 @pytest.mark.parametrize(
     ("sets", "message"),
     [
-        (["replicaCount=2"], "replicaCount > 1 needs operator.peering.enabled=true"),
+        (["operator.peering.enabled=false"], "replicaCount > 1 needs operator.peering.enabled=true"),
         (["serviceAccount.create=false"], "serviceAccount.name is required when serviceAccount.create is false"),
         (["operator.prometheusUrl="], "at '/operator/prometheusUrl': '' does not match pattern '^https?://'"),
         (["operator.promethusUrl=http://p:9090"], "at '/operator': additional properties 'promethusUrl' not allowed"),

@@ -101,6 +101,13 @@ def test_finalizers_hold_deletion_and_owner_references_cascade(k8s):
     k8s.patch(*IM, "owner", "default", {"metadata": {"finalizers": None}})
     assert k8s.get(*IM, "owner", "default") is None
     assert k8s.get("v1", "services", "owned", "default") is None  # garbage-collected
+    # a child created after its owner went (a reconcile racing the deletion) is collected too
+    k8s.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "late", "namespace": "default",
+                                                                    "ownerReferences": [ref]}, "spec": {}})
+    assert k8s.get("v1", "services", "late", "default") is None
+    k8s.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "unowned", "namespace": "default"},
+                "spec": {}})
+    assert k8s.get("v1", "services", "unowned", "default") is not None
 
 
 def test_watch_resumes_after_a_resource_version(k8s):
@@ -132,3 +139,32 @@ def test_patch_semantics():
                                       {"op": "replace", "path": "/b", "value": 1}]) == {"a": [1, 2, 3], "b": 1}
     assert labels_match({"a": "1", "b": "2"}, "a=1,b in (2,3),!c")
     assert not labels_match({"a": "1"}, "a!=1")
+
+
+def test_builtin_kinds_get_the_api_servers_defaults_and_canonical_quantities(k8s):
+    container = {"name": "c", "image": "img:1", "resources": {"limits": {"cpu": "0.5", "memory": "1.5Gi"}},
+                 "ports": [{"containerPort": 80}], "startupProbe": {"httpGet": {"path": "/", "port": 80}}}
+    stored = k8s.create({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d", "namespace": "default"},
+                         "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {
+                             "metadata": {"labels": {"a": "b"}}, "spec": {"containers": [container]}}}})
+    spec = stored["spec"]
+    assert (spec["replicas"], spec["revisionHistoryLimit"], spec["progressDeadlineSeconds"]) == (1, 10, 600)
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}}
+    pod = spec["template"]["spec"]
+    assert (pod["dnsPolicy"], pod["schedulerName"], pod["restartPolicy"]) == ("ClusterFirst", "default-scheduler", "Always")
+    (c,) = pod["containers"]
+    assert c["terminationMessagePath"] == "/dev/termination-log" and c["imagePullPolicy"] == "IfNotPresent"
+    assert c["resources"] == {"limits": {"cpu": "500m", "memory": "1536Mi"}, "requests": {"cpu": "500m", "memory": "1536Mi"}}
+    assert c["startupProbe"]["periodSeconds"] == 10 and c["ports"][0]["protocol"] == "TCP"
+    service = k8s.create({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": "default"},
+                          "spec": {"ports": [{"port": 80}]}})
+    ip = service["spec"]["clusterIP"]
+    assert service["spec"]["sessionAffinity"] == "None" and service["spec"]["ports"][0]["targetPort"] == 80
+    replaced = k8s.request("PUT", "/api/v1/namespaces/default/services/s", json={
+        "apiVersion": "v1", "kind": "Service", "metadata": {"name": "s", "namespace": "default"},
+        "spec": {"ports": [{"port": 81}]}})
+    assert replaced["spec"]["clusterIP"] == ip  # allocated once, kept
+    with pytest.raises(ApiError) as refused:
+        k8s.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"},
+                    "spec": {"containers": [{"name": "c", "image": "i", "resources": {"limits": {"cpu": "lots"}}}]}})
+    assert refused.value.code == 422 and "quantities must match" in refused.value.message

@@ -15,8 +15,10 @@ import pytest
 import yaml
 from flotilla_operator import types
 from flotilla_operator.manifests import Owner, build_deployment, build_pdb, build_service
+from flotilla_operator.plan import is_subset
 
 from tests.support.examples import EXAMPLES, ROOT, crd, load_example
+from tests.support.k8s_defaults import apply_defaults
 from tests.support.k8s_emulator import EmulatorHandle, serve
 from tests.support.operator_process import operator_process
 from tests.support.rbac import allows
@@ -83,11 +85,12 @@ def test_applying_an_example_creates_the_right_children(cluster, path):
     deployment = wait_deployment(k8s, name)
     owner = Owner(name, "default", uid, types.parse_spec(created["spec"]))
     expected = build_deployment(owner, types.DEFAULT_SERVER_IMAGE)
-    assert deployment["spec"] == expected["spec"]  # GPU limits, args, probes, placement: all as built
+    # GPU limits, args, probes, placement: all as built (plus what the API server adds to every Deployment)
+    assert deployment["spec"] == apply_defaults("Deployment", expected)["spec"]
     assert deployment["metadata"]["ownerReferences"] == expected["metadata"]["ownerReferences"]
     assert deployment["metadata"]["labels"] == expected["metadata"]["labels"]
     service = k8s.eventually(lambda: k8s.get("v1", "services", name, "default"), WAIT_S)
-    assert service["spec"] == build_service(owner, types.DEFAULT_SERVER_IMAGE)["spec"]
+    assert is_subset(build_service(owner, types.DEFAULT_SERVER_IMAGE)["spec"], service["spec"])
     pdb = k8s.get("policy/v1", "poddisruptionbudgets", name, "default")
     expected_pdb = build_pdb(owner, types.DEFAULT_SERVER_IMAGE)
     assert (pdb is None) == (expected_pdb is None)
@@ -133,6 +136,23 @@ def test_drift_is_corrected_within_the_drift_interval(cluster):
     recreated = wait_deployment(k8s, "drifty", lambda d: d["metadata"]["uid"] != original["metadata"]["uid"])
     assert time.monotonic() - started < DRIFT_S + 5.0
     assert recreated["spec"] == original["spec"]
+
+
+def test_canonicalised_quantities_cause_no_writes_over_five_drift_ticks(cluster):
+    k8s, _ = cluster
+    k8s.create(tiny("halfcpu", resources={"gpus": 0, "cpu": "0.5", "memory": "1.5Gi"}))
+    deployment = wait_deployment(k8s, "halfcpu")
+    limits = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert (limits["cpu"], limits["memory"]) == ("500m", "1536Mi")  # stored as a real API server stores them
+    k8s.eventually(lambda: status_of(k8s, "halfcpu").get("phase"), WAIT_S)
+    start = len(k8s.emulator.audit)
+    ticks = 5
+    time.sleep(ticks * DRIFT_S + 1)
+    writes = [e for e in k8s.emulator.audit[start:] if e.verb in ("update", "patch") and e.resource in
+              ("deployments", "services", "poddisruptionbudgets") and not e.user_agent.startswith("python-httpx")]
+    assert writes == [], writes
+    rv = k8s.get(*DEPLOYMENTS, "halfcpu", "default")["metadata"]["resourceVersion"]
+    assert rv == deployment["metadata"]["resourceVersion"]
 
 
 def test_deployment_status_flows_into_model_status(cluster):
@@ -285,7 +305,7 @@ def test_transient_api_errors_are_retried_with_backoff(tmp_path):
 
 
 # Granted for code paths this test does not drive: the autoscaler's scale writes (the e2e suite
-# drives them) and kopf peering (only with --peering).
+# drives them) and kopf peering (only with --peering; tests/operator/test_peering.py audits it).
 RESERVED = {("patch", "flotilla.dev", "inferencemodels/scale")} | {
     (verb, "kopf.dev", resource) for verb in ("get", "list", "watch", "patch")
     for resource in ("clusterkopfpeerings", "kopfpeerings")}

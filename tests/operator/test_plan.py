@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from tests.operator.test_properties import specs
 from tests.support.crd_schema import admit
 from tests.support.examples import crd_schema
+from tests.support.k8s_defaults import apply_defaults
 
 OWNER = Owner("m", "default", "uid-1", types.parse_spec({"model": {"name": "m", "source": {"builtin": "tiny"}}}))
 DEPLOYMENT, SERVICE = build_deployment(OWNER, "img:1"), build_service(OWNER, "img:1")
@@ -22,18 +23,24 @@ PDB = build_pdb(Owner("m", "default", "uid-1", types.parse_spec({
 
 
 def served(obj: dict) -> dict:
-    """`obj` as an API server stores it: metadata filled in, defaults added, status present."""
+    """`obj` as an API server stores it: metadata filled in, defaults added, quantities canonical, status present."""
     live = copy.deepcopy(obj)
+    if live["kind"] == "Service":
+        live["spec"].update(clusterIP="10.0.0.7")
+    live = apply_defaults(live["kind"], live)
     live["metadata"].update(uid="child-uid", resourceVersion="7", generation=1,
                             annotations={"deployment.kubernetes.io/revision": "1"})
     if live["kind"] == "Deployment":
-        container = live["spec"]["template"]["spec"]["containers"][0]
-        container.update(imagePullPolicy="IfNotPresent", terminationMessagePath="/dev/termination-log")
-        live["spec"]["template"]["spec"]["dnsPolicy"] = "ClusterFirst"
         live["status"] = {"replicas": 1}
-    if live["kind"] == "Service":
-        live["spec"].update(clusterIP="10.0.0.7", clusterIPs=["10.0.0.7"], ipFamilies=["IPv4"])
     return live
+
+
+def with_resources(cpu: str, memory: str) -> dict:
+    spec = {"model": {"name": "m", "source": {"builtin": "tiny"}}, "resources": {"cpu": cpu, "memory": memory}}
+    return build_deployment(Owner("m", "default", "uid-1", types.parse_spec(spec)), "img:1")
+
+
+HALF_CPU = with_resources("0.5", "1.5Gi")
 
 
 def drifted(obj: dict) -> dict:
@@ -60,6 +67,9 @@ def summary(desired: list[dict], live: list[dict]) -> list[tuple[str, str]]:
     pytest.param([DEPLOYMENT, SERVICE], [], [("create", "Deployment/m"), ("create", "Service/m")], id="nothing yet"),
     pytest.param([DEPLOYMENT, SERVICE], [served(DEPLOYMENT), served(SERVICE)], [], id="server defaults: no churn"),
     pytest.param([DEPLOYMENT, SERVICE], [drifted(DEPLOYMENT), served(SERVICE)], [("update", "Deployment/m")], id="drift"),
+    pytest.param([HALF_CPU], [served(HALF_CPU)], [], id="0.5 stored as 500m, 1.5Gi as 1536Mi: no churn"),
+    pytest.param([HALF_CPU], [served(with_resources("0.5", "1Gi"))], [("update", "Deployment/m")],
+                 id="a real change of quantity is drift"),
     pytest.param([DEPLOYMENT], [served(DEPLOYMENT), served(PDB)], [("delete", "PodDisruptionBudget/m")], id="PDB unwanted"),
     pytest.param([DEPLOYMENT], [served(DEPLOYMENT), someone_elses(PDB)], [], id="others' objects are never deleted"),
     pytest.param([DEPLOYMENT, PDB], [served(PDB)], [("create", "Deployment/m")], id="only the missing one"),
@@ -105,6 +115,13 @@ def test_is_subset_compares_lists_elementwise():
     assert not is_subset({"a": [{"x": 1}]}, {"a": [{"x": 1}, {"x": 2}]})
     assert not is_subset({"a": {"x": 1}}, {"a": {"x": 2}})
     assert not is_subset({"a": 1}, {})
+
+
+def test_quantities_compare_by_value_only_where_they_are_quantities():
+    assert is_subset({"limits": {"cpu": "0.5", "memory": "1.5Gi"}}, {"limits": {"cpu": "500m", "memory": "1536Mi"}})
+    assert not is_subset({"limits": {"cpu": "0.5"}}, {"limits": {"cpu": "5"}})
+    assert not is_subset({"labels": {"size": "1k"}}, {"labels": {"size": "1000"}})  # a label is a string
+    assert served(HALF_CPU)["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] == "500m"
 
 
 def test_differing_paths_name_the_fields():

@@ -87,3 +87,16 @@ def test_status_written_only_when_changed():
     first = step(None, 1, deployment(1, 1))
     assert status_changed(None, first)
     assert not status_changed({**first, "autoscaler": {"queueDepth": 3}}, step(first, 1, deployment(1, 1), now="t9"))
+
+
+def test_pod_failures_degrade_and_show_in_the_message_column():
+    failing = Problem("ImagePullBackOff", "2/2 pods: ImagePullBackOff (m-1): container server: back-off; check spec.image")
+    status = compute_status(Observed(3, 2, deployment(2, 0), (), None, failing), ENDPOINT, SELECTOR, "t1")
+    assert status["phase"] == "Degraded" and conditions(status)["Degraded"] == ("True", "ImagePullBackOff")
+    assert status["message"] == "2/2 pods: ImagePullBackOff (m-1): container server: back-off"  # first clause
+    spec_problem = Problem("ClaimNotFound", "no claim")
+    both = compute_status(Observed(3, 2, deployment(2, 0), (spec_problem,), None, failing), ENDPOINT, SELECTOR, "t1")
+    assert conditions(both)["Degraded"] == ("True", "ClaimNotFound")  # the spec's problem comes first
+    recovered = compute_status(Observed(3, 2, deployment(2, 2), (), status, None), ENDPOINT, SELECTOR, "t2")
+    assert recovered["phase"] == "Ready" and recovered["message"] == "2 of 2 replicas are ready"
+    assert len(compute_status(Observed(3, 1, None, (Problem("X", "y" * 500),)), ENDPOINT, SELECTOR, "t")["message"]) == 100

@@ -14,6 +14,8 @@ from typing import Any
 import celpy
 import jsonschema
 
+ROOT_FIELDS = ("apiVersion", "kind", "metadata")
+
 
 def prune(schema: dict[str, Any], value: Any, is_root: bool = True) -> Any:
     """Drop fields the schema does not know, unless it preserves unknown fields there."""
@@ -24,9 +26,10 @@ def prune(schema: dict[str, Any], value: Any, is_root: bool = True) -> Any:
             return {k: prune(schema["additionalProperties"], v, False) for k, v in value.items()}
         props = schema.get("properties", {})
         keep_unknown = schema.get("x-kubernetes-preserve-unknown-fields", False)
+        envelope = ROOT_FIELDS if is_root else ()  # the API server keeps these whatever the schema lists
         return {
-            k: (v if is_root and k == "metadata" else prune(props[k], v, False)) if k in props else v
-            for k, v in value.items() if k in props or keep_unknown
+            k: (v if k in envelope else prune(props[k], v, False)) if k in props or k in envelope else v
+            for k, v in value.items() if k in props or k in envelope or keep_unknown
         }
     if isinstance(value, list) and "items" in schema:
         return [prune(schema["items"], item, False) for item in value]

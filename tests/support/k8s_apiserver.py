@@ -20,7 +20,7 @@ import aiohttp.web
 import attrs
 import kmock
 
-from tests.support import crd_schema
+from tests.support import crd_schema, k8s_defaults
 from tests.support.k8s_kinds import (
     MAX_LOGGED_EVENTS,
     NAMESPACE_PATH,
@@ -186,10 +186,14 @@ class FlotillaEmulator(kmock.KubernetesEmulator):
             raise ApiError(404, "NotFound", f'{kind.plural}.{kind.group or "core"} "{name}" not found')
         return obj
 
-    def _admit(self, kind: Kind, obj: dict[str, Any]) -> dict[str, Any]:
-        """Defaults and validation of custom resources, as the API server does on every write."""
+    def _admit(self, kind: Kind, obj: dict[str, Any], old: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Defaults (built-in kinds: k8s_defaults; custom resources: their schema) and validation, on every write."""
         if kind.schema is None:
-            return obj
+            try:
+                return k8s_defaults.apply_defaults(kind.kind, obj, old)
+            except ValueError as error:
+                name = obj.get("metadata", {}).get("name")
+                raise ApiError(422, "Invalid", f'{kind.kind} "{name}" is invalid: {error}') from error
         obj = crd_schema.apply_defaults(kind.schema, obj)
         errors = crd_schema.validate(kind.schema, obj)
         if errors:
@@ -228,7 +232,16 @@ class FlotillaEmulator(kmock.KubernetesEmulator):
         if kind.kind == "CustomResourceDefinition":
             self.register(kind_from_crd(obj))
         self._emit(kind, "ADDED", obj)
-        return copy.deepcopy(obj)
+        created = copy.deepcopy(obj)
+        if self.garbage_collection and self._owners_gone(obj):
+            self.delete(kind, ns, meta["name"])  # created after its owner went: the collector takes it
+        return created
+
+    def _owners_gone(self, obj: dict[str, Any]) -> bool:
+        """Every owner reference names an object that no longer exists (kube-controller-manager's rule)."""
+        refs = obj["metadata"].get("ownerReferences") or []
+        live_uids = {o["metadata"]["uid"] for o in self.store.values()}
+        return bool(refs) and not any(r.get("uid") in live_uids for r in refs)
 
     def _write(self, kind: Kind, ns: str | None, name: str, new: dict[str, Any], sub: str | None) -> dict[str, Any]:
         """Store a new version of an existing object, keeping what its subresource rules protect."""
@@ -253,7 +266,7 @@ class FlotillaEmulator(kmock.KubernetesEmulator):
             else:
                 meta.pop(frozen, None)
         new["apiVersion"], new["kind"] = kind.api_version, kind.kind
-        new = self._admit(kind, new)
+        new = self._admit(kind, new, old)
         if new == old:
             return copy.deepcopy(old)  # a no-op write changes nothing, not even resourceVersion
         if body_of(new) != body_of(old):

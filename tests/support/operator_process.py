@@ -40,6 +40,14 @@ class OperatorProcess:
         except httpx.HTTPError:
             return False
 
+    def answers(self) -> bool:
+        """/healthz answers, whatever its status (a failing probe answers 500)."""
+        try:
+            httpx.get(f"http://127.0.0.1:{self.health_port}/healthz", timeout=1)
+            return True
+        except httpx.HTTPError:
+            return False
+
     def stop(self, timeout_s: float = 10.0) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -56,12 +64,14 @@ class OperatorProcess:
 
 
 def start_operator(kubeconfig: str, log_path: Path, *args: str, namespace: str | None = "default",
-                   ready_timeout_s: float = 30.0) -> OperatorProcess:
-    """Start the operator watching `namespace` (None: all namespaces) and wait until /healthz answers."""
+                   ready_timeout_s: float = 60.0, wait_healthy: bool = True) -> OperatorProcess:
+    """Start the operator watching `namespace` (None: all namespaces) and wait until /healthz answers
+    (`wait_healthy` False: until it answers at all, healthy or not). Standalone unless `args` hold --peering."""
     health_port, metrics_port = free_port(), free_port()
     scope = ["--namespace", namespace] if namespace else ["--all-namespaces"]
+    peering = [] if any(a == "--peering" or a.startswith("--peering=") for a in args) else ["--standalone"]
     command = [
-        sys.executable, "-m", "flotilla_operator.cli", *scope, "--standalone",
+        sys.executable, "-m", "flotilla_operator.cli", *scope, *peering,
         "--health-port", str(health_port), "--metrics-port", str(metrics_port), "--verbose", *args,
     ]
     env = {**os.environ, "KUBECONFIG": kubeconfig, "PYTHONUNBUFFERED": "1"}
@@ -69,7 +79,7 @@ def start_operator(kubeconfig: str, log_path: Path, *args: str, namespace: str |
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     op = OperatorProcess(process, log_path, health_port, metrics_port)
     deadline = time.monotonic() + ready_timeout_s
-    while not op.healthy():
+    while not (op.healthy() if wait_healthy else op.answers()):
         if process.poll() is not None or time.monotonic() > deadline:
             op.kill()
             raise RuntimeError(f"flotilla-operator did not become healthy:\n{op.log()[-4000:]}")

@@ -80,6 +80,19 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
         served_name = (spec.get("model") or {}).get("name") or name
         reconciler.forget(namespace, served_name)  # children go with their owner references
 
+    @kopf.on.event("", "v1", "pods", labels={MANAGED_BY_LABEL: MANAGED_BY}, id="pod-status", registry=registry)
+    async def pod_changed(body: kopf.Body, namespace: str, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+        """A pod's state changed: recompute status, so pod failures show (pod_health.py) without a drift tick."""
+        owner = (body.get("metadata", {}).get("labels") or {}).get(INSTANCE_LABEL)
+        ctx: reconciler.Context | None = getattr(memo, "ctx", None)
+        if not owner or ctx is None:
+            return
+        try:
+            async with ctx.lock(namespace, owner):
+                await reconciler.write_status(ctx, namespace, owner, problems=None)
+        except KubeError as error:  # events are not retried by kopf; the drift timer catches up
+            logger.warning(f"could not refresh {namespace}/{owner} after a pod event: {error}")
+
     @kopf.on.event("apps", "v1", "deployments", labels={MANAGED_BY_LABEL: MANAGED_BY},
                    id="deployment-status", registry=registry)
     async def deployment_changed(event: kopf.RawEvent, body: kopf.Body, namespace: str, memo: kopf.Memo,
