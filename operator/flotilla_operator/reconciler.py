@@ -28,6 +28,8 @@ from flotilla_operator.manifests import (
     pod_selector_string,
 )
 from flotilla_operator.plan import plan
+from flotilla_operator.pool_join import member_children, pool_serving
+from flotilla_operator.pool_members import joins_pool
 from flotilla_operator.settings import OperatorSettings
 from flotilla_operator.status import Observed, Problem, compute_status, status_changed
 from flotilla_operator.status_writer import write_status as write_model_status
@@ -77,11 +79,15 @@ async def reconcile(ctx: Context, body: dict[str, Any], logger: logging.Logger |
         await write_status(ctx, namespace, name, [problem], meta.get("generation"))
         return
     owner = Owner(name, namespace, uid, spec)
-    problems = await find_problems(ctx.kube, namespace, spec)
-    desired = desired_children(owner, ctx.settings.default_image, ctx.monitoring)
-    if problems:  # pods that cannot start are not created; the Service and PDB are harmless
-        desired = [child for child in desired if child["kind"] != "Deployment"]
-    observed = await observe(ctx.kube, namespace, name, desired, PRUNABLE_KINDS)
+    if joins_pool(spec):  # a cost-first member of a ModelPool: no Deployment of its own (pool_join.py)
+        desired, prunable, problems = await member_children(ctx.kube, owner, ctx.settings.default_image)
+    else:
+        problems = await find_problems(ctx.kube, namespace, spec)
+        desired = desired_children(owner, ctx.settings.default_image, ctx.monitoring)
+        if problems:  # pods that cannot start are not created; the Service and PDB are harmless
+            desired = [child for child in desired if child["kind"] != "Deployment"]
+        prunable = PRUNABLE_KINDS
+    observed = await observe(ctx.kube, namespace, name, desired, prunable)
     the_plan = plan(desired, observed, uid)
     outcome = await execute(ctx.kube, the_plan)
     for action, error in outcome.refused:
@@ -128,10 +134,14 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
         try:
             spec = types.parse_spec(obj.get("spec") or {})
             desired, max_replicas, served_name = desired_replicas(spec), spec.scaling.max_replicas, spec.model.name
+            pool_name = spec.pool if joins_pool(spec) else None
         except pydantic.ValidationError:
             desired, max_replicas = int((obj.get("spec") or {}).get("replicas") or 0), 0
-            served_name = name
-        deployment = await ctx.kube.get("apps/v1", "deployments", namespace, name)
+            served_name, pool_name = name, None
+        if pool_name is not None:  # a pooled model reports the pool's pods: its own replicas do not apply
+            desired, deployment = await pool_serving(ctx.kube, namespace, pool_name)
+        else:
+            deployment = await ctx.kube.get("apps/v1", "deployments", namespace, name)
         generation = applied_generation or previous.get("observedGeneration") or obj["metadata"].get("generation", 1)
         observed = Observed(
             generation=generation,
@@ -141,6 +151,8 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
             previous_status=previous,
         )
         new = compute_status(observed, endpoint(name, namespace), pod_selector_string(name), rfc3339.now())
+        if pool_name is not None or previous.get("pool"):
+            new["pool"] = pool_name  # None on leaving: the merge patch removes it
         # label `model` is the served name, as on the servers' own metrics, so dashboards can join them
         metrics.DESIRED_REPLICAS.labels(namespace=namespace, model=served_name).set(desired)
         metrics.READY_REPLICAS.labels(namespace=namespace, model=served_name).set(new["readyReplicas"])
