@@ -13,7 +13,7 @@ import pydantic
 
 from flotilla_operator import pool_types, types
 from flotilla_operator.kube import KubeClient
-from flotilla_operator.manifests import Owner, labels
+from flotilla_operator.manifests import Owner
 from flotilla_operator.pool_manifests import build_member_service, desired_pool_replicas, pool_deployment_name
 from flotilla_operator.pool_members import POOL_NOT_FOUND, member_source
 from flotilla_operator.status import Problem
@@ -43,9 +43,7 @@ async def member_children(kube: KubeClient, owner: Owner, default_image: str
     source = member_source(owner.spec, pool)
     if isinstance(source, Problem):
         return [], (), [source]  # not joined: whatever serves the model now keeps serving it
-    service = build_member_service(owner.name, owner.namespace, owner.reference(), pool_name,
-                                   labels(owner, owner.spec.image or default_image))
-    return [service], JOINED_PRUNABLE_KINDS, []
+    return [build_member_service(owner, default_image)], JOINED_PRUNABLE_KINDS, []
 
 
 async def pool_serving(kube: KubeClient, namespace: str, pool_name: str) -> tuple[int, dict[str, Any] | None]:

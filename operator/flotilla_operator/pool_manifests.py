@@ -29,7 +29,9 @@ from flotilla_operator.manifests import (
     MANAGED_BY,
     PROBE_PERIOD_S,
     RUN_AS_USER,
+    Owner,
     image_tag,
+    metadata,
 )
 from flotilla_operator.manifests import _probe as probe
 from flotilla_operator.manifests import _resources as resources  # reads only .resources, which a pool has too
@@ -218,13 +220,12 @@ def desired_pool_children(owner: PoolOwner, found: list[Member], default_image: 
     return children
 
 
-def build_member_service(name: str, namespace: str, model_owner_ref: dict[str, Any], pool_name: str,
-                         labels: dict[str, str]) -> dict[str, Any]:
-    """A pooled model's own Service: its usual endpoint, fronting the pool's pods."""
+def build_member_service(owner: Owner, default_image: str) -> dict[str, Any]:
+    """A pooled model's own Service: its usual endpoint, fronting its pool's pods."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": name, "namespace": namespace, "labels": labels, "ownerReferences": [model_owner_ref]},
-        "spec": {"type": "ClusterIP", "selector": pool_selector(pool_name),
+        "metadata": metadata(owner, owner.spec.image or default_image),
+        "spec": {"type": "ClusterIP", "selector": pool_selector(owner.spec.pool or ""),
                  "ports": [{"name": "http", "port": PORT, "targetPort": "http", "protocol": "TCP"}]},
     }
