@@ -16,7 +16,7 @@ import yaml
 from flotilla_operator import types
 from flotilla_operator.manifests import Owner, build_deployment, build_pdb, build_service
 
-from tests.support.examples import EXAMPLES, ROOT, crd, load_example
+from tests.support.examples import EXAMPLES, ROOT, crd, load_example, pool_crd
 from tests.support.k8s_emulator import EmulatorHandle, serve
 from tests.support.operator_process import operator_process
 from tests.support.rbac import allows
@@ -276,7 +276,7 @@ def _granted(rules):
 
 
 def test_deploy_rbac_grants_exactly_what_the_operator_uses(tmp_path):
-    with serve(tmp_path, crds=[crd()], monitoring=True) as k8s, \
+    with serve(tmp_path, crds=[crd(), pool_crd()], monitoring=True) as k8s, \
             operator_process(k8s.kubeconfig, tmp_path, "--drift-interval-s", str(DRIFT_S)):
         k8s.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                     "metadata": {"name": "models", "namespace": "default"}, "spec": {}})
@@ -293,6 +293,15 @@ def test_deploy_rbac_grants_exactly_what_the_operator_uses(tmp_path):
                            ["app.kubernetes.io/version"] == "0.1.0", WAIT_S)
         k8s.patch(*IM, "audited", "default", {"spec": {"server": {"maxNumSeqs": 4}, "placement": {"policy": "cost-first"}}})
         k8s.eventually(lambda: k8s.get("policy/v1", "poddisruptionbudgets", "audited", "default") is None, WAIT_S)
+        # A ModelPool (docs/pools.md): the model joins it, giving up its Deployment; the members ConfigMap drifts back.
+        k8s.create({"apiVersion": "flotilla.dev/v1alpha1", "kind": "ModelPool",
+                    "metadata": {"name": "shared", "namespace": "default"}, "spec": {"volume": {"claimName": "models"}}})
+        k8s.patch(*IM, "audited", "default", {"spec": {"pool": "shared"}})
+        k8s.eventually(lambda: k8s.get(*DEPLOYMENTS, "audited", "default") is None, WAIT_S)
+        k8s.eventually(lambda: k8s.get("v1", "configmaps", "shared-pool-members", "default"), WAIT_S)
+        k8s.patch("v1", "configmaps", "shared-pool-members", "default", {"data": {"models": "edited by hand\n"}})
+        k8s.eventually(lambda: k8s.get("v1", "configmaps", "shared-pool-members", "default")["data"]["models"]
+                       == "tiny=/models\n", WAIT_S)  # the served name
         k8s.delete(*IM, "audited", "default")
         k8s.eventually(lambda: k8s.get(*IM, "audited", "default") is None, WAIT_S)
         audit = list(k8s.emulator.audit)
