@@ -2,7 +2,8 @@
 
 Same shape as reconciler.py (docs/architecture.md, "Control plane"): decisions are pure (pool_members,
 pool_manifests, plan.plan, status.compute_status); this module sequences the API calls around them.
-A member joining or leaving changes the members ConfigMap only, so no pool pod restarts.
+A member joining or leaving changes the members ConfigMap only, so no pool pod restarts. Each pass also
+asks the pool's pods which members they hold (pool_residency), for the pool's and the members' status.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from flotilla_operator.pool_manifests import (
     pool_selector_string,
 )
 from flotilla_operator.pool_members import Member, members
+from flotilla_operator.pool_residency import Residency, read_loads, residency
 from flotilla_operator.reconciler import PAST_TENSE, Context
 from flotilla_operator.status import Observed, Problem, compute_status, status_changed
 from flotilla_operator.status_writer import write_status
@@ -56,8 +58,8 @@ async def list_members(ctx: Context, namespace: str, pool_name: str, spec: pool_
 
 
 async def reconcile_pool(ctx: Context, body: dict[str, Any],
-                         logger: logging.Logger | logging.LoggerAdapter) -> list[Member]:
-    """Bring one ModelPool's children and status to the desired state; returns its members."""
+                         logger: logging.Logger | logging.LoggerAdapter) -> tuple[list[Member], Residency]:
+    """Bring one ModelPool's children and status to the desired state; returns its members and their residency."""
     meta = body["metadata"]
     name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
     ref = pool_ref(namespace, name, uid)
@@ -68,8 +70,8 @@ async def reconcile_pool(ctx: Context, body: dict[str, Any],
         first = error.errors()[0]
         problem = Problem("InvalidSpec", f"the spec cannot be read: {first['msg']} at "
                           f"{'.'.join(map(str, first['loc']))}; fix it and re-apply")
-        await write_pool_status(ctx, namespace, name, [problem], [], meta.get("generation"))
-        return []
+        await write_pool_status(ctx, namespace, name, [problem], [], Residency(), meta.get("generation"))
+        return [], Residency()
     owner = PoolOwner(name, namespace, uid, spec)
     found = await list_members(ctx, namespace, name, spec)
     problems = []
@@ -88,12 +90,14 @@ async def reconcile_pool(ctx: Context, body: dict[str, Any],
         verb = PAST_TENSE[action.verb]
         logger.info(f"{verb.lower()} {action.kind} {namespace}/{action.name}: {action.reason}")
         await post_event(ctx.kube, ref, "Normal", verb, f"{verb} {action.kind} {action.name}: {action.reason}")
-    previous = await write_pool_status(ctx, namespace, name, problems, found, meta.get("generation"))
+    pods = await ctx.kube.list("v1", "pods", namespace, pool_selector_string(name))
+    resident = residency(await read_loads(pods))
+    previous = await write_pool_status(ctx, namespace, name, problems, found, resident, meta.get("generation"))
     old = _degraded_message(previous)
     for problem in problems:
         if problem.message not in old:
             await post_event(ctx.kube, ref, "Warning", problem.reason, problem.message)
-    return found
+    return found, resident
 
 
 async def sync_pools(ctx: Context, namespace: str, pool_names: set[str | None],
@@ -116,15 +120,15 @@ def _degraded_message(status: dict[str, Any] | None) -> str:
     return ""
 
 
-def pool_status_fields(found: list[Member]) -> dict[str, Any]:
-    """The membership part of a pool's status."""
-    return {"memberCount": len(found),
+def pool_status_fields(found: list[Member], resident: Residency) -> dict[str, Any]:
+    """The membership and residency part of a pool's status."""
+    return {"memberCount": len(found), "residentCount": resident.resident_count,
             "members": [{"name": m.name, "model": m.model, "source": m.source} for m in found]}
 
 
-async def write_pool_status(ctx: Context, namespace: str, name: str, problems: list[Problem],
-                            found: list[Member] | None, applied_generation: int | None = None) -> dict[str, Any] | None:
-    """Recompute and write the pool's status; `found` None keeps the membership last written."""
+async def write_pool_status(ctx: Context, namespace: str, name: str, problems: list[Problem], found: list[Member],
+                            resident: Residency, applied_generation: int | None = None) -> dict[str, Any] | None:
+    """Recompute and write the pool's status."""
     async def compute(obj: dict[str, Any]) -> dict[str, Any] | None:
         previous = obj.get("status") or {}
         try:
@@ -136,8 +140,7 @@ async def write_pool_status(ctx: Context, namespace: str, name: str, problems: l
         observed = Observed(generation=generation, desired_replicas=desired, deployment=deployment,
                             problems=tuple(problems), previous_status=previous)
         new = compute_status(observed, endpoint(pool_deployment_name(name), namespace), pool_selector_string(name), rfc3339.now())
-        if found is not None:
-            new |= pool_status_fields(found)
+        new |= pool_status_fields(found, resident)
         return new if status_changed(previous, new) else None
 
     return await write_status(ctx.kube, namespace, name, compute, plural=pool_types.PLURAL)

@@ -121,11 +121,13 @@ def _known_problems(status: dict[str, Any] | None) -> list[Problem]:
 
 
 async def write_status(ctx: Context, namespace: str, name: str, problems: list[Problem] | None,
-                       applied_generation: int | None = None) -> dict[str, Any] | None:
+                       applied_generation: int | None = None,
+                       resident_pods: list[str] | None = None) -> dict[str, Any] | None:
     """Recompute and write our status fields; `problems` None keeps the last reconcile's findings.
 
     `applied_generation` is the spec generation just applied; None (a Deployment event) keeps the
     last one recorded, so observedGeneration never claims a spec that was not reconciled yet.
+    `resident_pods` (a pooled model's pods holding it, from its pool's pass) None keeps the last figure.
 
     Returns the status as it was before (status_writer.write_status: one read-compute-write, retried on conflict).
     """
@@ -153,6 +155,10 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
         new = compute_status(observed, endpoint(name, namespace), pod_selector_string(name), rfc3339.now())
         if pool_name is not None or previous.get("pool"):
             new["pool"] = pool_name  # None on leaving: the merge patch removes it
+            if pool_name is None:
+                new["residentPods"] = None
+            elif resident_pods is not None:  # only a pool pass knows; other writers keep the last figure
+                new["residentPods"] = resident_pods
         # label `model` is the served name, as on the servers' own metrics, so dashboards can join them
         metrics.DESIRED_REPLICAS.labels(namespace=namespace, model=served_name).set(desired)
         metrics.READY_REPLICAS.labels(namespace=namespace, model=served_name).set(new["readyReplicas"])

@@ -9,16 +9,17 @@ import yaml
 
 from tests.chart.render import CHART, REPO_ROOT, one, render
 
-CRD_NAME = "flotilla.dev_inferencemodels.yaml"
+CRD_NAMES = ("flotilla.dev_inferencemodels.yaml", "flotilla.dev_modelpools.yaml")
 
 
-def test_chart_crd_is_identical_to_the_generated_crd() -> None:
-    chart_copy = CHART / "crds" / CRD_NAME
-    source = REPO_ROOT / "crds" / CRD_NAME
-    assert chart_copy.read_bytes() == source.read_bytes(), (
-        f"{chart_copy.relative_to(REPO_ROOT)} differs from {source.relative_to(REPO_ROOT)}: run `make generate`"
-    )
-    assert [p.name for p in (CHART / "crds").iterdir()] == [CRD_NAME]
+def test_chart_crds_are_identical_to_the_generated_crds() -> None:
+    for name in CRD_NAMES:
+        chart_copy = CHART / "crds" / name
+        source = REPO_ROOT / "crds" / name
+        assert chart_copy.read_bytes() == source.read_bytes(), (
+            f"{chart_copy.relative_to(REPO_ROOT)} differs from {source.relative_to(REPO_ROOT)}: run `make generate`"
+        )
+    assert sorted(p.name for p in (CHART / "crds").iterdir()) == sorted(CRD_NAMES)
 
 
 def test_generated_chart_files_are_up_to_date() -> None:
@@ -33,6 +34,9 @@ def test_cluster_role_rules_are_the_operator_rbac_rules() -> None:
     assert one(render("default"), "ClusterRole")["rules"] == source_role["rules"]
 
 
-def test_rendered_crd_is_the_source_crd() -> None:
-    source = yaml.safe_load((REPO_ROOT / "crds" / CRD_NAME).read_text())
-    assert one(render("default"), "CustomResourceDefinition") == source
+def test_rendered_crds_are_the_source_crds() -> None:
+    sources = sorted((yaml.safe_load((REPO_ROOT / "crds" / name).read_text()) for name in CRD_NAMES),
+                     key=lambda d: d["metadata"]["name"])
+    rendered = sorted((d for d in render("default") if d["kind"] == "CustomResourceDefinition"),
+                      key=lambda d: d["metadata"]["name"])
+    assert rendered == sources

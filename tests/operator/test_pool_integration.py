@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.server.http.server_process import run_server
 from tests.support.examples import crd, pool_crd
 from tests.support.k8s_emulator import EmulatorHandle, serve
 from tests.support.operator_process import operator_process
@@ -38,8 +39,8 @@ def pool(name: str, **spec: Any) -> dict[str, Any]:
 
 
 def model(name: str, source: dict[str, Any] | None = None, pool_name: str | None = "shared",
-          policy: str = "cost-first") -> dict[str, Any]:
-    spec: dict[str, Any] = {"model": {"name": name, "source": source or {"builtin": "tiny"}},
+          policy: str = "cost-first", served_name: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"model": {"name": served_name or name, "source": source or {"builtin": "tiny"}},
                             "placement": {"policy": policy},
                             "scaling": {"minReplicas": 0 if policy == "cost-first" else 1}}
     if pool_name:
@@ -124,3 +125,22 @@ def test_a_dedicated_model_that_joins_gives_up_its_deployment_and_the_pool_repor
     k8s.eventually(lambda: k8s.get(*DEPLOYMENTS, "delta", NS), WAIT_S, message="delta's Deployment back")
     k8s.eventually(lambda: members_file(k8s, "join") == "", WAIT_S, message="delta left the file")
     k8s.eventually(lambda: "pool" not in status(k8s, IM, "delta"), WAIT_S, message="delta's status.pool cleared")
+
+
+def test_status_reports_the_pods_holding_a_member_from_their_load_reports(cluster, tmp_path):
+    k8s, _ = cluster
+    k8s.create(pool("resident"))
+    k8s.create(model("held", pool_name="resident", served_name="tiny"))  # the name the real server serves
+    deployment = k8s.eventually(lambda: k8s.get(*DEPLOYMENTS, "resident-pool", NS), WAIT_S)
+    with run_server("--max-num-seqs", "4", tmp_path=tmp_path) as server:  # a real server stands in for the pod
+        port = int(server.base_url.rsplit(":", 1)[1])
+        k8s.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": "resident-pool-0", "namespace": NS, "labels": deployment["spec"]["selector"]["matchLabels"]},
+            "spec": {"containers": [{"name": "server", "image": "flotilla-server",
+                                     "ports": [{"name": "http", "containerPort": port}]}]}})
+        k8s.patch("v1", "pods", "resident-pool-0", NS, {"status": {"phase": "Running", "podIP": "127.0.0.1"}},
+                  subresource="status")
+        k8s.eventually(lambda: status(k8s, MP, "resident").get("residentCount") == 1, WAIT_S, message="residentCount")
+        k8s.eventually(lambda: status(k8s, IM, "held").get("residentPods") == ["resident-pool-0"], WAIT_S,
+                       message="the member's residentPods")
+    k8s.eventually(lambda: status(k8s, MP, "resident").get("residentCount") == 0, WAIT_S, message="the server stopped")

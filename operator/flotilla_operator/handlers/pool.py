@@ -16,24 +16,28 @@ from flotilla_contract.labels import MODEL_POOL_LABEL
 from flotilla_operator import pool_types, reconciler, types
 from flotilla_operator.handlers.reconcile import _guarded
 from flotilla_operator.kube import KubeError
+from flotilla_operator.pool_members import Member
 from flotilla_operator.pool_reconciler import pool_lock_key, reconcile_pool
+from flotilla_operator.pool_residency import Residency
 from flotilla_operator.settings import OperatorSettings
 
 
 async def reconcile_and_refresh_members(ctx: reconciler.Context, namespace: str, name: str, retry: int,
                                         logger: logging.Logger | logging.LoggerAdapter) -> None:
     """Reconcile the pool under its lock, then rewrite each member's status under the member's lock."""
-    found = []
+    outcome: list[tuple[list[Member], Residency]] = []
 
     async def run() -> None:
         obj = await ctx.kube.get(types.API_VERSION, pool_types.PLURAL, namespace, name)
         if obj is not None and not obj["metadata"].get("deletionTimestamp"):
-            found.extend(await reconcile_pool(ctx, obj, logger))
+            outcome.append(await reconcile_pool(ctx, obj, logger))
 
     await _guarded(ctx, namespace, pool_lock_key(name), retry, run)
-    for member in found:
-        async with ctx.lock(namespace, member.name):
-            await reconciler.write_status(ctx, namespace, member.name, problems=None)
+    for found, resident in outcome:
+        for member in found:
+            async with ctx.lock(namespace, member.name):
+                await reconciler.write_status(ctx, namespace, member.name, problems=None,
+                                              resident_pods=resident.pods_holding(member.model))
 
 
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
