@@ -24,6 +24,7 @@ from flotilla_operator.settings import OperatorSettings
 MAX_BACKOFF_S = 60.0
 STORAGE_PREFIX = "flotilla.dev"
 FINALIZER = "flotilla.dev/operator"
+TIMER_EXIT_POLL_S = 1.0
 
 
 def backoff_s(retry: int) -> float:
@@ -61,6 +62,9 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
         settings.persistence.finalizer = FINALIZER  # stops the drift timer cleanly on deletion
         settings.posting.enabled = False  # one way to post Events: events.post_event (log lines stay logs)
         settings.watching.server_timeout = 300
+        # A deleted object keeps its finalizer until its drift timer exits; a timer caught mid-run (waiting on the
+        # model's lock) is re-checked after this many seconds, not kopf's default 60, so deletion stays prompt.
+        settings.background.cancellation_polling = TIMER_EXIT_POLL_S
         kube = KubeClient(current=await asyncio.to_thread(credentials.login))  # an exec plugin may run: off the loop
         monitoring = await kube.has_api_group("monitoring.coreos.com/v1")
         memo.ctx = reconciler.Context(memo.settings, kube, monitoring)
