@@ -46,6 +46,7 @@ MEMBERS_KEY = "models"
 # here once; then they are rendered through server_args.flag like every other flag.
 MODEL_LIST_FILE_FLAG = "--model-list-file"
 MEMORY_BUDGET_FLAG = "--memory-budget"
+POOL_SERIES_LABEL = "pool"  # the label the pool's scrape gives its series (pool_prometheus selects on it)
 POOL_STARTUP_BUDGET_S = 120  # a pool server starts empty: members load on demand, after readiness
 
 
@@ -211,12 +212,30 @@ def build_pool_pdb(owner: PoolOwner, default_image: str) -> dict[str, Any] | Non
     }
 
 
-def desired_pool_children(owner: PoolOwner, found: list[Member], default_image: str) -> list[dict[str, Any]]:
+def build_pool_service_monitor(owner: PoolOwner, default_image: str) -> dict[str, Any]:
+    """Scrapes the pool's servers, labelling their series `pool` (what the pool autoscaler selects on)."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": _metadata(owner, _image(owner, default_image)),
+        "spec": {
+            "selector": {"matchLabels": pool_selector(owner.name)},
+            "endpoints": [{"port": "http", "path": "/metrics", "interval": "15s", "relabelings": [{
+                "sourceLabels": ["__meta_kubernetes_pod_label_" + "".join(c if c.isalnum() else "_" for c in MODEL_POOL_LABEL)],
+                "targetLabel": POOL_SERIES_LABEL}]}],
+        },
+    }
+
+
+def desired_pool_children(owner: PoolOwner, found: list[Member], default_image: str,
+                          monitoring: bool = False) -> list[dict[str, Any]]:
     """Every child the pool should have, in apply order (the members file before the pods that mount it)."""
     children = [build_pool_service(owner, default_image), build_members_configmap(owner, found, default_image),
                 build_pool_deployment(owner, default_image)]
     if (pdb := build_pool_pdb(owner, default_image)) is not None:
         children.append(pdb)
+    if monitoring:
+        children.append(build_pool_service_monitor(owner, default_image))
     return children
 
 

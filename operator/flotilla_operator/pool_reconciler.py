@@ -79,7 +79,7 @@ async def reconcile_pool(ctx: Context, body: dict[str, Any],
                                                       spec.volume.claim_name) is None:
         problems.append(Problem("ClaimNotFound", f'PersistentVolumeClaim "{spec.volume.claim_name}" does not exist in '
                                 f'namespace "{namespace}"; create it, or change spec.volume.claimName'))
-    desired = desired_pool_children(owner, found, ctx.settings.default_image)
+    desired = desired_pool_children(owner, found, ctx.settings.default_image, ctx.monitoring)
     if problems:  # pods that cannot start are not created
         desired = [child for child in desired if child["kind"] != "Deployment"]
     observed = await observe(ctx.kube, namespace, owner.child_name, desired, PRUNABLE_KINDS)

@@ -83,7 +83,8 @@ def children_of(obj: dict[str, Any], default_image: str, service_monitor: bool,
     return _without_owner(children, uid)
 
 
-def pool_children_of(obj: dict[str, Any], models: list[dict[str, Any]], default_image: str) -> list[dict[str, Any]]:
+def pool_children_of(obj: dict[str, Any], models: list[dict[str, Any]], default_image: str,
+                     service_monitor: bool = False) -> list[dict[str, Any]]:
     """The children of one ModelPool document, its members taken from the file's InferenceModels."""
     spec = _parsed(obj, pool_types.parse_pool_spec)
     meta = obj["metadata"]
@@ -91,7 +92,8 @@ def pool_children_of(obj: dict[str, Any], models: list[dict[str, Any]], default_
     in_namespace = [(m["metadata"]["name"], _parsed(m, types.parse_spec)) for m in models
                     if (m["metadata"].get("namespace") or "default") == namespace]
     found = members(in_namespace, meta["name"], spec)
-    children = desired_pool_children(PoolOwner(meta["name"], namespace, uid or "", spec), found, default_image)
+    children = desired_pool_children(PoolOwner(meta["name"], namespace, uid or "", spec), found, default_image,
+                                     service_monitor)
     return _without_owner(children, uid)
 
 
@@ -117,7 +119,7 @@ def render(text: str, default_image: str, service_monitor: bool) -> list[dict[st
     children = []
     for doc in documents:
         if doc["kind"] == pool_types.KIND:
-            children += pool_children_of(doc, models, default_image)
+            children += pool_children_of(doc, models, default_image, service_monitor)
         else:
             children += children_of(doc, default_image, service_monitor, pools)
     return children

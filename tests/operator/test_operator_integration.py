@@ -263,9 +263,9 @@ def test_transient_api_errors_are_retried_with_backoff(tmp_path):
             k8s.eventually(lambda: status_of(k8s, "flaky").get("phase") == "Progressing", WAIT_S)
 
 
-# Granted for code paths this test does not drive: the autoscaler's scale writes (the e2e suite
-# drives them) and kopf peering (only with --peering).
-RESERVED = {("patch", "flotilla.dev", "inferencemodels/scale")} | {
+# Granted for code paths this test does not drive: the autoscalers' scale writes (test_autoscaler_loop,
+# test_pool_autoscaler_loop and the e2e suite drive them) and kopf peering (only with --peering).
+RESERVED = {("patch", "flotilla.dev", "inferencemodels/scale"), ("patch", "flotilla.dev", "modelpools/scale")} | {
     (verb, "kopf.dev", resource) for verb in ("get", "list", "watch", "patch")
     for resource in ("clusterkopfpeerings", "kopfpeerings")}
 
