@@ -68,9 +68,26 @@ never goes under a memory floor:
 
     floor = ceil(memory of the members with requests in the last demandWindowSeconds ÷ memoryBudget)
 
-so four active models cannot thrash on one replica that holds two. A member's memory is `modelMemory`
-until a server reports its real footprint. The floor is `pool_autoscaler.memory_floor`, a pure function
-tested as a table beside `autoscaler.decide`.
+so four active models cannot thrash on one replica that holds two. The floor is `pool_autoscaler.memory_floor`
+and `decide_pool`, pure functions tested as tables beside `autoscaler.decide`.
+
+Every `--autoscale-interval-s` a timer per pool asks Prometheus (`pool_prometheus.py`) for:
+
+- the pool's servers' `flotilla_requests_waiting`, `flotilla_requests_running` and `flotilla_slots`, selected by
+  the `pool` label (the pool's ServiceMonitor copies the pods' `flotilla.dev/model-pool` label into it);
+- the requests the gateway holds for the members (`flotilla_gateway_requests_held`), so a pool at zero wakes;
+- the members *active* in the window: a request running, waiting or held at any scrape of the last
+  `demandWindowSeconds`. Each counts `modelMemory` (the operator does not yet read a member's real footprint).
+
+It writes the pool's `.spec.replicas` through the scale subresource, `status.autoscaler` (reason `MemoryFloor`
+when the floor alone set the count) and the `ScalingActive` condition. When the query fails, it holds.
+
+## Residency
+
+Each pool pass (every change, and every `--drift-interval-s`) asks each running pool pod for its load report
+(`GET /flotilla/v1/load`, 2 s timeout) and counts the members it reports `loaded`: the pool's
+`status.residentCount` (the `Resident` column) and each member's `status.residentPods`. A pod that does not
+answer holds nothing until it answers again.
 
 ```console
 kubectl apply -f examples/pool/
