@@ -46,8 +46,12 @@ async def member_children(kube: KubeClient, owner: Owner, default_image: str
     return [build_member_service(owner, default_image)], JOINED_PRUNABLE_KINDS, []
 
 
-async def pool_serving(kube: KubeClient, namespace: str, pool_name: str) -> tuple[int, dict[str, Any] | None]:
-    """(the pool's desired replicas, its Deployment): what a pooled model's status reports."""
+async def pool_serving(kube: KubeClient, spec: types.InferenceModelSpec, namespace: str
+                       ) -> tuple[int, dict[str, Any] | None] | None:
+    """(the pool's desired replicas, its Deployment), what a member's status reports; None: not a member."""
+    pool_name = spec.pool or ""
     pool = await read_pool(kube, namespace, pool_name)
+    if pool is None or isinstance(member_source(spec, pool), Problem):
+        return None  # not joined: its status is its own (and its Degraded condition says why)
     deployment = await kube.get("apps/v1", "deployments", namespace, pool_deployment_name(pool_name))
-    return (desired_pool_replicas(pool) if pool is not None else 0), deployment
+    return desired_pool_replicas(pool), deployment

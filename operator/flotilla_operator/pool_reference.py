@@ -43,7 +43,10 @@ takes only members its pods can load as they are:
 | `pvc` naming the pool's `spec.volume.claimName` | `/models/PATH` (the claim is mounted read-only at `/models` in every pool pod) |
 | `pvc` of another claim, `huggingface`, `image` | nowhere: the model is `Degraded` with reason `SourceNotPoolable`, and the message says how to copy it onto the pool's volume |
 
-A missing pool makes the member `Degraded` with reason `PoolNotFound`.
+A missing pool makes the member `Degraded` with reason `PoolNotFound`; so does deleting a pool, whose
+children go with it: its members serve nowhere until they name another pool or drop `spec.pool` (then each
+gets its own Deployment again). Two members with the same served name: the file holds the first by
+InferenceModel name.
 
 **Membership restarts nothing.** The member list is the ConfigMap `NAME-pool-members` (key `models`, one
 `MODEL=SOURCE` a line, the syntax of `--model MODEL=SOURCE`), mounted as a directory at

@@ -140,9 +140,11 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
         except pydantic.ValidationError:
             desired, max_replicas = int((obj.get("spec") or {}).get("replicas") or 0), 0
             served_name, pool_name = name, None
-        if pool_name is not None:  # a pooled model reports the pool's pods: its own replicas do not apply
-            desired, deployment = await pool_serving(ctx.kube, namespace, pool_name)
+        serving = await pool_serving(ctx.kube, spec, namespace) if pool_name is not None else None
+        if serving is not None:  # a member reports the pool's pods: its own replicas do not apply
+            desired, deployment = serving
         else:
+            pool_name = None  # not (or not yet) a member
             deployment = await ctx.kube.get("apps/v1", "deployments", namespace, name)
         generation = applied_generation or previous.get("observedGeneration") or obj["metadata"].get("generation", 1)
         observed = Observed(

@@ -96,6 +96,7 @@ def test_a_source_the_pool_cannot_load_is_degraded_with_how_to_fix_it(cluster):
     reason, message = k8s.eventually(lambda: degraded(k8s, "gamma"), WAIT_S, message="gamma Degraded")
     assert reason == "SourceNotPoolable" and "PersistentVolumeClaim 'models'" in message
     assert k8s.get(*DEPLOYMENTS, "gamma", NS) is None
+    assert "pool" not in status(k8s, IM, "gamma")  # not a member: `kubectl get im` shows no pool
     k8s.eventually(lambda: members_file(k8s, "hf-pool") == "", WAIT_S)
 
 

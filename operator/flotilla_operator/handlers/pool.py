@@ -14,7 +14,7 @@ import kopf
 from flotilla_contract.labels import MODEL_POOL_LABEL
 
 from flotilla_operator import pool_types, reconciler, types
-from flotilla_operator.handlers.reconcile import _guarded
+from flotilla_operator.handlers.reconcile import guarded
 from flotilla_operator.kube import KubeError
 from flotilla_operator.pool_members import Member
 from flotilla_operator.pool_reconciler import pool_lock_key, reconcile_pool
@@ -32,7 +32,7 @@ async def reconcile_and_refresh_members(ctx: reconciler.Context, namespace: str,
         if obj is not None and not obj["metadata"].get("deletionTimestamp"):
             outcome.append(await reconcile_pool(ctx, obj, logger))
 
-    await _guarded(ctx, namespace, pool_lock_key(name), retry, run)
+    await guarded(ctx, namespace, pool_lock_key(name), retry, run)
     for found, resident in outcome:
         for member in found:
             async with ctx.lock(namespace, member.name):

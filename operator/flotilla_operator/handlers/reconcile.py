@@ -32,7 +32,7 @@ def backoff_s(retry: int) -> float:
     return min(MAX_BACKOFF_S, 2.0 ** retry)
 
 
-async def _guarded(ctx: reconciler.Context, namespace: str, name: str, retry: int, coro_fn: Any) -> None:
+async def guarded(ctx: reconciler.Context, namespace: str, name: str, retry: int, coro_fn: Any) -> None:
     async with ctx.lock(namespace, name):
         try:
             await coro_fn()
@@ -80,13 +80,13 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
     @kopf.on.update(*resource, id="reconcile", registry=registry)
     async def reconcile_model(body: kopf.Body, name: str, namespace: str, retry: int, memo: kopf.Memo,
                               logger: logging.Logger, **_: Any) -> None:
-        await _guarded(memo.ctx, namespace, name, retry, lambda: _reconcile_and_sync(memo.ctx, dict(body), logger))
+        await guarded(memo.ctx, namespace, name, retry, lambda: _reconcile_and_sync(memo.ctx, dict(body), logger))
 
     @kopf.timer(*resource, id="drift", interval=settings.drift_interval_s,
                 initial_delay=settings.drift_interval_s, registry=registry)
     async def correct_drift(body: kopf.Body, name: str, namespace: str, retry: int, memo: kopf.Memo,
                             logger: logging.Logger, **_: Any) -> None:
-        await _guarded(memo.ctx, namespace, name, retry, lambda: reconciler.reconcile(memo.ctx, dict(body), logger))
+        await guarded(memo.ctx, namespace, name, retry, lambda: reconciler.reconcile(memo.ctx, dict(body), logger))
 
     @kopf.on.delete(*resource, id="forget", optional=True, registry=registry)
     async def forget_model(spec: kopf.Spec, status: kopf.Status, name: str, namespace: str, memo: kopf.Memo,
@@ -95,7 +95,7 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
         reconciler.forget(namespace, served_name)  # children go with their owner references
         pools = {spec.get("pool"), status.get("pool")} - {None}
         if pools and getattr(memo, "ctx", None) is not None:  # a pool drops the member from its ConfigMap now
-            await _guarded(memo.ctx, namespace, name, 0, lambda: sync_pools(memo.ctx, namespace, pools, logger))
+            await guarded(memo.ctx, namespace, name, 0, lambda: sync_pools(memo.ctx, namespace, pools, logger))
 
     @kopf.on.event("apps", "v1", "deployments", labels={MANAGED_BY_LABEL: MANAGED_BY},
                    id="deployment-status", registry=registry)
