@@ -17,13 +17,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from flotilla_contract.sizes import parse_bytes
-
 from flotilla_operator import autoscaler
-from flotilla_operator.pool_types import ModelPoolSpec
 
-# The multi-model server's budget when --memory-budget is unset: this share of the device (docs/pools.md).
-DEFAULT_BUDGET_FRACTION = 0.8
 REASON_MEMORY_FLOOR = "MemoryFloor"
 
 
@@ -32,17 +27,6 @@ class MemberDemand:
     model: str
     memory_bytes: int  # what the member holds when loaded (the server's figure, else modelMemory)
     last_request_age_s: float | None  # seconds since its last request; None: never, as far as anyone knows
-
-
-def budget_per_replica_bytes(spec: ModelPoolSpec) -> int:
-    """memoryBudget, else the server's default share: of the GPUs' memory, or of the pod's memory on CPU."""
-    if spec.memory_budget is not None:
-        return parse_bytes(spec.memory_budget)
-    if spec.resources.gpus > 0 and spec.resources.gpu_memory is not None:
-        device_bytes = parse_bytes(spec.resources.gpu_memory) * spec.resources.gpus
-    else:
-        device_bytes = parse_bytes(spec.resources.memory)
-    return math.floor(DEFAULT_BUDGET_FRACTION * device_bytes)
 
 
 def active_memory_bytes(members: Iterable[MemberDemand], window_s: float) -> int:

@@ -107,6 +107,22 @@ def desired_pool_replicas(spec: pool_types.ModelPoolSpec) -> int:
     return max(spec.scaling.min_replicas, min(spec.scaling.max_replicas, spec.replicas))
 
 
+# The server's own defaults when --memory-budget is unset (one GPU's memory, or the RAM on CPU). The operator
+# renders the budget itself from these, so the servers and the autoscaler's memory floor use one figure, and
+# on CPU it is a share of the pod's memory limit rather than of the node's RAM.
+GPU_BUDGET_FRACTION = 0.8
+CPU_BUDGET_FRACTION = 0.5
+
+
+def budget_per_replica_bytes(spec: pool_types.ModelPoolSpec) -> int:
+    """memoryBudget, else the server's default share: of one GPU's memory, or of the pod's memory on CPU."""
+    if spec.memory_budget is not None:
+        return parse_bytes(spec.memory_budget)
+    if spec.resources.gpus > 0 and spec.resources.gpu_memory is not None:
+        return math.floor(GPU_BUDGET_FRACTION * parse_bytes(spec.resources.gpu_memory))
+    return math.floor(CPU_BUDGET_FRACTION * parse_bytes(spec.resources.memory))  # CEL: a GPU pool sizes one of both
+
+
 def pool_server_args(spec: pool_types.ModelPoolSpec) -> list[str]:
     """The multi-model server's flags: the members file and the budget, never a member's name."""
     server, gpu = spec.server, spec.resources.gpus > 0
@@ -124,8 +140,7 @@ def pool_server_args(spec: pool_types.ModelPoolSpec) -> list[str]:
         values.append(("--max-model-len", server.max_model_len))
     args = [part for name, value in values for part in flag(name, value)]
     args += [MODEL_LIST_FILE_FLAG, f"{MEMBERS_DIR}/{MEMBERS_KEY}"]
-    if spec.memory_budget is not None:
-        args += [MEMORY_BUDGET_FLAG, str(parse_bytes(spec.memory_budget))]
+    args += [MEMORY_BUDGET_FLAG, str(budget_per_replica_bytes(spec))]
     return args + list(server.extra_args)
 
 

@@ -52,7 +52,9 @@ InferenceModel name.
 `MODEL=SOURCE` a line, the syntax of `--model MODEL=SOURCE`), mounted as a directory at
 `/etc/flotilla/pool` and passed as `--model-list-file /etc/flotilla/pool/models`; the kubelet updates the
 file in place and the servers re-read it. The pod template never names a member, so adding or removing
-one changes the ConfigMap only. `--memory-budget` carries `spec.memoryBudget` in bytes.
+one changes the ConfigMap only. `--memory-budget` carries the budget per replica in bytes: `spec.memoryBudget`,
+else 80% of one GPU's `resources.gpuMemory`, else (CPU) half of `resources.memory`: the server's own defaults,
+rendered by the operator so the servers and the autoscaler's floor use one figure.
 
 ## Children
 

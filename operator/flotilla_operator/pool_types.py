@@ -81,6 +81,9 @@ class PoolPlacementSpec(PlacementSpec):
 class ModelPoolSpec(ApiModel):
     model_config = ConfigDict(json_schema_extra=rules(
         ("!has(self.resources.gpuType) || self.resources.gpus > 0", "resources.gpuType needs resources.gpus > 0"),
+        ("self.resources.gpus == 0 || has(self.memoryBudget) || has(self.resources.gpuMemory)",
+         "a GPU pool needs memoryBudget or resources.gpuMemory: the servers' budget and the autoscaler's memory "
+         "floor are sized from it"),
         ("!has(self.server.kvCacheMemoryFraction)",
          "server.kvCacheMemoryFraction does not apply to a pool: each member gets a KV pool of fixed size inside "
          "memoryBudget; remove it, or set modelMemory"),
@@ -93,7 +96,7 @@ class ModelPoolSpec(ApiModel):
     memory_budget: str | None = Field(
         None,
         description="memoryBudget is the memory each replica's loaded models (weights and KV pools) may hold, a quantity; "
-        "unset lets the server take 80% of the device (or its RAM share on CPU).",
+        "unset takes 80% of resources.gpuMemory (one GPU) or, on CPU, 50% of resources.memory; rendered as --memory-budget.",
         pattern=QUANTITY,
     )
     model_memory: str = Field(

@@ -154,8 +154,9 @@ def test_the_pool_servers_common_flags_parse_with_the_servers_own_parser():
     assert (settings.max_num_seqs, settings.port) == (POOL.server.max_num_seqs, 8000)
 
 
-@pytest.mark.xfail(strict=True, reason="the multi-model server's flags are not in the contract's flag table yet "
-                   "(branch multimodel); when they are, render them through server_args.flag and drop this mark")
+@pytest.mark.xfail(strict=True, reason="the multi-model server's flags are not in main's contract flag table yet; "
+                   "branch multimodel adds them under these names: after merging both, render them through "
+                   "server_args.flag and drop this mark")
 def test_the_pool_flags_are_in_the_contracts_flag_table():
     assert {MODEL_LIST_FILE_FLAG, MEMORY_BUDGET_FLAG} <= set(FLAGS_BY_NAME)
 
@@ -183,3 +184,24 @@ def test_render_refuses_a_pooled_model_without_its_pool_and_says_what_to_do():
     result = run_cli("render", "-f", "-", stdin=yaml.safe_dump(member))
     assert result.returncode == 2
     assert "render the pool and its members together" in result.stderr
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ({"resources": {"gpus": 1}}, "a GPU pool needs memoryBudget or resources.gpuMemory"),
+    ({"resources": {"gpus": 1, "gpuMemory": "80Gi"}}, None),
+    ({"resources": {"gpus": 1}, "memoryBudget": "60Gi"}, None),
+    ({"server": {"kvCacheMemoryFraction": 0.5}}, "server.kvCacheMemoryFraction does not apply to a pool"),
+    ({"scaling": {"minReplicas": 3, "maxReplicas": 2}}, "scaling.minReplicas must not exceed scaling.maxReplicas"),
+    ({}, None),
+])
+def test_the_pool_crd_refuses_what_cannot_be_served_and_says_what_to_change(spec, message):
+    from tests.support.crd_schema import admit
+    from tests.support.examples import pool_crd
+
+    schema = pool_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    obj = {"apiVersion": "flotilla.dev/v1alpha1", "kind": "ModelPool", "metadata": {"name": "p"}, "spec": spec}
+    admitted, errors = admit(schema, obj)
+    if message is None:
+        assert errors == [] and admitted["spec"]["placement"]["policy"] == "cost-first"  # the pool's default
+    else:
+        assert any(message in error for error in errors), errors

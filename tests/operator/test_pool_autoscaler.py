@@ -9,10 +9,10 @@ from flotilla_operator.pool_autoscaler import (
     REASON_MEMORY_FLOOR,
     MemberDemand,
     active_memory_bytes,
-    budget_per_replica_bytes,
     decide_pool,
     memory_floor,
 )
+from flotilla_operator.pool_manifests import budget_per_replica_bytes
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -54,9 +54,8 @@ def test_active_members_are_those_with_a_request_in_the_window(ages_s, window_s,
 
 @pytest.mark.parametrize(("spec", "budget"), [
     ({"memoryBudget": "3Gi"}, 3 * GI),
-    ({"resources": {"memory": "10Gi"}}, 8 * GI),  # CPU: 80% of the pod's memory
-    ({"resources": {"gpus": 2, "gpuMemory": "80Gi", "memory": "16Gi"}}, 128 * GI),  # 80% of both GPUs
-    ({"resources": {"gpus": 1, "memory": "10Gi"}}, 8 * GI),  # unknown GPU memory: the pod's memory
+    ({"resources": {"memory": "10Gi"}}, 5 * GI),  # CPU: half the pod's memory, as the server's default
+    ({"resources": {"gpus": 2, "gpuMemory": "80Gi", "memory": "16Gi"}}, 64 * GI),  # 80% of one GPU (the server's device)
 ])
 def test_budget_per_replica(spec, budget):
     assert budget_per_replica_bytes(pool_types.parse_pool_spec(spec)) == budget

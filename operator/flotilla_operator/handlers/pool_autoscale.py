@@ -30,11 +30,10 @@ from flotilla_operator.kube import KubeError
 from flotilla_operator.pool_autoscaler import (
     MemberDemand,
     active_memory_bytes,
-    budget_per_replica_bytes,
     decide_pool,
     memory_floor,
 )
-from flotilla_operator.pool_manifests import pool_deployment_name
+from flotilla_operator.pool_manifests import budget_per_replica_bytes, pool_deployment_name
 from flotilla_operator.pool_prometheus import PoolDemand, measure_pool
 from flotilla_operator.pool_reconciler import pool_lock_key, pool_ref
 from flotilla_operator.prometheus import PrometheusClient, PrometheusError
