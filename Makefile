@@ -10,7 +10,7 @@ HELM := .tools/bin/helm
 MODEL_CACHE := $(or $(FLOTILLA_CACHE_DIR),$(HOME)/.cache/flotilla)/models
 SMOLLM2 := $(MODEL_CACHE)/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: setup tools model run test lint bench generate clean
+.PHONY: setup tools model run test lint bench generate sim clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -44,13 +44,18 @@ run: setup model
 # lint: ruff, then the import contracts of .importlinter (the layers of docs/architecture.md)
 lint: setup
 	$(VENV)/bin/ruff check .
-	PYTHONPATH="$(CURDIR)/contract:$(CURDIR)/server:$(CURDIR)/operator$${PYTHONPATH:+:$$PYTHONPATH}" $(VENV)/bin/lint-imports
+	PYTHONPATH="$(CURDIR)/contract:$(CURDIR)/server:$(CURDIR)/operator:$(CURDIR)/gateway:$(CURDIR)/sim$${PYTHONPATH:+:$$PYTHONPATH}" $(VENV)/bin/lint-imports
 
 test: setup tools lint model
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(VENV)/bin/pytest
 
 bench: setup
 	$(VENV)/bin/flotilla-bench offline --json docs/bench/offline.json --plot docs/bench/offline.png
+	$(PY) -m flotilla_gateway.bench.overhead --json docs/bench/gateway_overhead.json
+
+# sim: the fleet-scale run of docs/simulation.md (1,000 models, 10,000 GPUs, one day, six policies); not a test
+sim: setup
+	$(VENV)/bin/flotilla-sim fleet --trace conv --models 1000 --gpus 10000 --tick-s 15 --interval-s 60 --jobs 3 --out docs/sim
 
 generate: setup
 	$(PY) -m flotilla_operator.generate

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,3 +99,23 @@ def _read_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 yield name, f.get_tensor(name)
+
+
+def load_model_with_weights(model: str, weights: Mapping[str, torch.Tensor], dtype: str = "float32",
+                            device: str = "cpu") -> LoadedModel:
+    """As `load_model`, with the decoder's weights already loaded (`load_model(...).model.state_dict()`, made
+    by another process and shared with this one): only the config and tokenizer are read here, and the
+    weights are used in place on CPU (assigned, never copied)."""
+    if model == TINY_NAME:
+        config, tokenizer, name, description = TINY_CONFIG, build_tiny_tokenizer(), TINY_NAME, TINY_DESCRIPTION
+    else:
+        path = Path(model)
+        with (path / "config.json").open() as f:
+            config = ModelConfig.from_hf(json.load(f))
+        tokenizer = Tokenizer.from_dir(path, extra_eos_token_ids=config.eos_token_ids)
+        name, description = path.name, f"{config.model_type} model from {path}"
+    with torch.device("meta"):
+        net = DecoderModel(config)
+    net.load_state_dict(weights, assign=True, strict=True)
+    net = net.to(device=device, dtype=torch_dtype(dtype))
+    return LoadedModel(net.eval(), tokenizer, config, name, description, is_demonstration=model == TINY_NAME)
