@@ -42,10 +42,6 @@ from flotilla_operator.server_args import PORT, flag
 
 MEMBERS_DIR = "/etc/flotilla/pool"
 MEMBERS_KEY = "models"
-# The server's multi-model flags. Until its branch adds them to the contract's flag table they are named
-# here once; then they are rendered through server_args.flag like every other flag.
-MODEL_LIST_FILE_FLAG = "--model-list-file"
-MEMORY_BUDGET_FLAG = "--memory-budget"
 POOL_SERIES_LABEL = "pool"  # the label the pool's scrape gives its series (pool_prometheus selects on it)
 POOL_STARTUP_BUDGET_S = 120  # a pool server starts empty: members load on demand, after readiness
 
@@ -138,9 +134,8 @@ def pool_server_args(spec: pool_types.ModelPoolSpec) -> list[str]:
     ]
     if server.max_model_len is not None:
         values.append(("--max-model-len", server.max_model_len))
+    values += [("--model-list-file", f"{MEMBERS_DIR}/{MEMBERS_KEY}"), ("--memory-budget", budget_per_replica_bytes(spec))]
     args = [part for name, value in values for part in flag(name, value)]
-    args += [MODEL_LIST_FILE_FLAG, f"{MEMBERS_DIR}/{MEMBERS_KEY}"]
-    args += [MEMORY_BUDGET_FLAG, str(budget_per_replica_bytes(spec))]
     return args + list(server.extra_args)
 
 

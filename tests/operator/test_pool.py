@@ -8,11 +8,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from flotilla_contract.flags import FLAGS_BY_NAME
 from flotilla_operator import pool_types, types
 from flotilla_operator.pool_manifests import (
-    MEMORY_BUDGET_FLAG,
-    MODEL_LIST_FILE_FLAG,
     PoolOwner,
     desired_pool_children,
     pool_server_args,
@@ -120,8 +117,8 @@ def test_the_members_file_is_mounted_as_a_directory_so_the_kubelet_updates_it():
     mount = next(m for m in container["volumeMounts"] if m["name"] == "members")
     assert "subPath" not in mount  # a subPath mount is never updated in place
     args = container["args"]
-    assert args[args.index(MODEL_LIST_FILE_FLAG) + 1] == f"{mount['mountPath']}/models"
-    assert args[args.index(MEMORY_BUDGET_FLAG) + 1] == str(1024**3)
+    assert args[args.index("--model-list-file") + 1] == f"{mount['mountPath']}/models"
+    assert args[args.index("--memory-budget") + 1] == str(1024**3)
     assert {"name": "models", "mountPath": "/models", "readOnly": True} in container["volumeMounts"]
 
 
@@ -146,19 +143,11 @@ def test_the_example_pools_children_pass_kubernetes_validate_strict(version):
         kubernetes_validate.validate(copy.deepcopy(child), version, strict=True)
 
 
-def test_the_pool_servers_common_flags_parse_with_the_servers_own_parser():
-    args = pool_server_args(POOL)
-    pool_only = (MODEL_LIST_FILE_FLAG, MEMORY_BUDGET_FLAG)
-    common = [a for i, a in enumerate(args) if a not in pool_only and (i == 0 or args[i - 1] not in pool_only)]
-    settings = parse_settings(common, environ={})
+def test_the_pool_servers_flags_parse_with_the_servers_own_parser_in_multi_model_mode():
+    settings = parse_settings(pool_server_args(POOL), environ={})  # exits on an unknown flag
     assert (settings.max_num_seqs, settings.port) == (POOL.server.max_num_seqs, 8000)
-
-
-@pytest.mark.xfail(strict=True, reason="the multi-model server's flags are not in main's contract flag table yet; "
-                   "branch multimodel adds them under these names: after merging both, render them through "
-                   "server_args.flag and drop this mark")
-def test_the_pool_flags_are_in_the_contracts_flag_table():
-    assert {MODEL_LIST_FILE_FLAG, MEMORY_BUDGET_FLAG} <= set(FLAGS_BY_NAME)
+    assert settings.model_list_file == "/etc/flotilla/pool/models"
+    assert settings.memory_budget_bytes == 1024**3
 
 
 def test_render_prints_the_pool_its_members_services_and_the_dedicated_model():
