@@ -322,7 +322,7 @@ def test_deploy_rbac_grants_exactly_what_the_operator_uses(tmp_path):
         k8s.eventually(lambda: k8s.get("v1", "configmaps", "shared-pool-members", "default"), WAIT_S)
         k8s.patch("v1", "configmaps", "shared-pool-members", "default", {"data": {"models": "edited by hand\n"}})
         k8s.eventually(lambda: k8s.get("v1", "configmaps", "shared-pool-members", "default")["data"]["models"]
-                       == "tiny=/models\n", WAIT_S)  # the served name
+                       == "audited=/models\n", WAIT_S)  # the served name (tiny() names it after the model)
         k8s.delete(*IM, "audited", "default")
         k8s.eventually(lambda: k8s.get(*IM, "audited", "default") is None, WAIT_S)
         audit = list(k8s.emulator.audit)
