@@ -15,3 +15,4 @@ WOKEN_AT_ANNOTATION = "flotilla.dev/woken-at"  # RFC 3339 time a gateway woke a 
 
 TENANT_HEADER = "X-Flotilla-Tenant"
 CLASS_HEADER = "X-Flotilla-Class"
+MODEL_POOL_LABEL = "flotilla.dev/model-pool"  # on a ModelPool's pods: the pool's name, for the gateway's route map

@@ -18,6 +18,7 @@ from flotilla_operator.plan import Action, Key, Plan, key_of
 
 PLURALS = {
     ("v1", "Service"): "services",
+    ("v1", "ConfigMap"): "configmaps",
     ("apps/v1", "Deployment"): "deployments",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",

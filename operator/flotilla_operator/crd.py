@@ -98,6 +98,7 @@ def open_api_schema() -> dict[str, Any]:
 PRINTER_COLUMNS = [
     {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
     {"name": "Policy", "type": "string", "jsonPath": ".spec.placement.policy"},
+    {"name": "Pool", "type": "string", "jsonPath": ".status.pool"},
     {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas"},
     {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
     {"name": "Queue", "type": "integer", "jsonPath": ".status.autoscaler.queueDepth"},

@@ -29,6 +29,8 @@ from flotilla_operator.manifests import (
     pod_selector_string,
 )
 from flotilla_operator.plan import plan
+from flotilla_operator.pool_join import member_children, pool_serving
+from flotilla_operator.pool_members import joins_pool
 from flotilla_operator.settings import OperatorSettings
 from flotilla_operator.status import Observed, Problem, compute_status, status_changed
 from flotilla_operator.status_writer import write_status as write_model_status
@@ -108,11 +110,15 @@ async def reconcile(ctx: Context, body: dict[str, Any], logger: logging.Logger |
         await write_status(ctx, namespace, name, [problem], meta.get("generation"))
         return
     owner = Owner(name, namespace, uid, spec)
-    problems = await find_problems(ctx.kube, namespace, spec, meta)
-    desired = desired_children(owner, ctx.settings.default_image, ctx.monitoring)
-    if any(p.reason != NAME_CONFLICT for p in problems):  # pods that cannot start are not created
-        desired = [child for child in desired if child["kind"] != "Deployment"]
-    observed = await observe(ctx.kube, namespace, name, desired, PRUNABLE_KINDS)
+    if joins_pool(spec):  # a cost-first member of a ModelPool: no Deployment of its own (pool_join.py)
+        desired, prunable, problems = await member_children(ctx.kube, owner, ctx.settings.default_image)
+    else:
+        problems = await find_problems(ctx.kube, namespace, spec, meta)
+        desired = desired_children(owner, ctx.settings.default_image, ctx.monitoring)
+        if any(p.reason != NAME_CONFLICT for p in problems):  # pods that cannot start are not created
+            desired = [child for child in desired if child["kind"] != "Deployment"]
+        prunable = PRUNABLE_KINDS
+    observed = await observe(ctx.kube, namespace, name, desired, prunable)
     the_plan = plan(desired, observed, uid)
     outcome = await execute(ctx.kube, the_plan)
     for action, error in outcome.refused:
@@ -146,11 +152,13 @@ def _known_problems(status: dict[str, Any] | None) -> list[Problem]:
 
 
 async def write_status(ctx: Context, namespace: str, name: str, problems: list[Problem] | None,
-                       applied_generation: int | None = None) -> dict[str, Any] | None:
+                       applied_generation: int | None = None,
+                       resident_pods: list[str] | None = None) -> dict[str, Any] | None:
     """Recompute and write our status fields; `problems` None keeps the last reconcile's findings.
 
     `applied_generation` is the spec generation just applied; None (a Deployment event) keeps the
     last one recorded, so observedGeneration never claims a spec that was not reconciled yet.
+    `resident_pods` (a pooled model's pods holding it, from its pool's pass) None keeps the last figure.
 
     Returns the status as it was before (status_writer.write_status: one read-compute-write, retried on conflict).
     A pod problem that is new (its reason differs from the last Degraded reason) gets one Warning Event.
@@ -165,11 +173,18 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
         try:
             spec = types.parse_spec(obj.get("spec") or {})
             desired, max_replicas, served_name = desired_replicas(spec), spec.scaling.max_replicas, spec.model.name
+            pool_name = spec.pool if joins_pool(spec) else None
         except pydantic.ValidationError:
             desired, max_replicas = int((obj.get("spec") or {}).get("replicas") or 0), 0
-            served_name = name
-        deployment = await ctx.kube.get("apps/v1", "deployments", namespace, name)
-        pods = await ctx.kube.list("v1", "pods", namespace, pod_selector_string(name)) if deployment else []
+            served_name, pool_name = name, None
+        serving = await pool_serving(ctx.kube, spec, namespace) if pool_name is not None else None
+        pods: list[dict[str, Any]] = []  # a member's pods are the pool's: their failures show on the ModelPool
+        if serving is not None:  # a member reports the pool's pods: its own replicas do not apply
+            desired, deployment = serving
+        else:
+            pool_name = None  # not (or not yet) a member
+            deployment = await ctx.kube.get("apps/v1", "deployments", namespace, name)
+            pods = await ctx.kube.list("v1", "pods", namespace, pod_selector_string(name)) if deployment else []
         generation = applied_generation or previous.get("observedGeneration") or obj["metadata"].get("generation", 1)
         observed = Observed(
             generation=generation,
@@ -180,6 +195,12 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
             pod_problem=pod_health.summarize(pods, time.time()),
         )
         new = compute_status(observed, endpoint(name, namespace), pod_selector_string(name), rfc3339.now())
+        if pool_name is not None or previous.get("pool"):
+            new["pool"] = pool_name  # None on leaving: the merge patch removes it
+            if pool_name is None:
+                new["residentPods"] = None
+            elif resident_pods is not None:  # only a pool pass knows; other writers keep the last figure
+                new["residentPods"] = resident_pods
         # label `model` is the served name, as on the servers' own metrics, so dashboards can join them
         metrics.DESIRED_REPLICAS.labels(namespace=namespace, model=served_name).set(desired)
         metrics.READY_REPLICAS.labels(namespace=namespace, model=served_name).set(new["readyReplicas"])

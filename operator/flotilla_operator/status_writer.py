@@ -38,20 +38,23 @@ async def retry_on_conflict(attempt: Callable[[], Awaitable[T]], what: str,
 Compute = Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]]
 
 
-async def write_status(kube: KubeClient, namespace: str, name: str, compute: Compute) -> dict[str, Any] | None:
-    """Read the model, compute its new status fields, patch them against that version; retry on conflict.
+async def write_status(kube: KubeClient, namespace: str, name: str, compute: Compute,
+                       plural: str = types.PLURAL) -> dict[str, Any] | None:
+    """Read the object, compute its new status fields, patch them against that version; retry on conflict.
+
+    `plural` is `inferencemodels` (the default) or `modelpools`: the pool's status is written the same way.
 
     Returns the status as it was before the write (None: the model is gone or being deleted).
     """
     async def attempt() -> dict[str, Any] | None:
-        obj = await kube.get(types.API_VERSION, types.PLURAL, namespace, name)
+        obj = await kube.get(types.API_VERSION, plural, namespace, name)
         if obj is None or obj["metadata"].get("deletionTimestamp"):
             return None
         previous = obj.get("status") or {}
         new = await compute(obj)
         if new is not None:
             patch = {"metadata": {"resourceVersion": obj["metadata"]["resourceVersion"]}, "status": new}
-            await kube.patch(types.API_VERSION, types.PLURAL, namespace, name, patch, subresource="status")
+            await kube.patch(types.API_VERSION, plural, namespace, name, patch, subresource="status")
         return previous
 
     return await retry_on_conflict(attempt, f"status of {namespace}/{name}")

@@ -312,6 +312,12 @@ class InferenceModelSpec(ApiModel):
     network_policy: NetworkPolicySpec = Field(
         default_factory=NetworkPolicySpec, description="networkPolicy limits who may reach the model's pods."
     )
+    pool: str | None = Field(
+        None,
+        description="pool names a ModelPool in the same namespace. A cost-first model joins it (no Deployment of its own; "
+        "replicas and scaling then belong to the pool); a latency-first model keeps its own Deployment (docs/pools.md).",
+        pattern=DNS_SUBDOMAIN,
+    )
 
 
 class Condition(ApiModel):
@@ -356,6 +362,10 @@ class InferenceModelStatus(ApiModel):
     selector: str | None = Field(None, description="selector is the pods' label selector (for the scale subresource).")
     conditions: list[Condition] = Field(default_factory=list, description="conditions: Ready, Progressing, Degraded, ScalingActive.")
     autoscaler: AutoscalerStatus | None = Field(None, description="autoscaler is written by the autoscaler only.")
+    pool: str | None = Field(None, description="pool is the ModelPool serving this model, when it joined one.")
+    resident_pods: list[str] = Field(
+        default_factory=list, description="residentPods are the pool pods holding this model loaded now (pooled models only)."
+    )
 
 
 def parse_spec(spec: dict[str, Any]) -> InferenceModelSpec:

@@ -9,18 +9,18 @@ import yaml
 
 from tests.chart.render import CHART, REPO_ROOT, one, render
 
-CRD_NAME = "flotilla.dev_inferencemodels.yaml"
+CRD_NAMES = ("flotilla.dev_inferencemodels.yaml", "flotilla.dev_modelpools.yaml")
 PEERING_CRDS = "kopf.dev_peerings.yaml"
 
 
-def test_chart_crd_is_identical_to_the_generated_crd() -> None:
-    chart_copy = CHART / "crds" / CRD_NAME
-    source = REPO_ROOT / "crds" / CRD_NAME
-    assert chart_copy.read_bytes() == source.read_bytes(), (
-        f"{chart_copy.relative_to(REPO_ROOT)} differs from {source.relative_to(REPO_ROOT)}: run `make generate`"
-    )
-    assert sorted(p.name for p in (CHART / "crds").iterdir()) == [CRD_NAME, PEERING_CRDS]
-    assert (CHART / "crds" / PEERING_CRDS).read_bytes() == (REPO_ROOT / "crds" / PEERING_CRDS).read_bytes()
+def test_chart_crds_are_identical_to_the_generated_crds() -> None:
+    for name in (*CRD_NAMES, PEERING_CRDS):
+        chart_copy = CHART / "crds" / name
+        source = REPO_ROOT / "crds" / name
+        assert chart_copy.read_bytes() == source.read_bytes(), (
+            f"{chart_copy.relative_to(REPO_ROOT)} differs from {source.relative_to(REPO_ROOT)}: run `make generate`"
+        )
+    assert sorted(p.name for p in (CHART / "crds").iterdir()) == sorted((*CRD_NAMES, PEERING_CRDS))
 
 
 def test_generated_chart_files_are_up_to_date() -> None:
@@ -35,10 +35,9 @@ def test_cluster_role_rules_are_the_operator_rbac_rules() -> None:
     assert one(render("default"), "ClusterRole")["rules"] == source_role["rules"]
 
 
-def test_rendered_crd_is_the_source_crd() -> None:
-    source = yaml.safe_load((REPO_ROOT / "crds" / CRD_NAME).read_text())
-    rendered = [d for d in render("default") if d["kind"] == "CustomResourceDefinition"]
-    assert [d for d in rendered if d["metadata"]["name"] == source["metadata"]["name"]] == [source]
-    peering = [d for d in yaml.safe_load_all((REPO_ROOT / "crds" / PEERING_CRDS).read_text()) if d]
-    assert sorted((d for d in rendered if d["metadata"]["name"] != source["metadata"]["name"]),
-                  key=lambda d: d["metadata"]["name"]) == sorted(peering, key=lambda d: d["metadata"]["name"])
+def test_rendered_crds_are_the_source_crds() -> None:
+    sources = [yaml.safe_load((REPO_ROOT / "crds" / name).read_text()) for name in CRD_NAMES]
+    sources += [d for d in yaml.safe_load_all((REPO_ROOT / "crds" / PEERING_CRDS).read_text()) if d]
+    rendered = sorted((d for d in render("default") if d["kind"] == "CustomResourceDefinition"),
+                      key=lambda d: d["metadata"]["name"])
+    assert rendered == sorted(sources, key=lambda d: d["metadata"]["name"])

@@ -24,7 +24,7 @@ def test_helm_lint_strict_passes(values_name: str) -> None:
 def test_default_values_render_operator_rbac_priority_classes_and_dashboards() -> None:
     kinds = sorted(d["kind"] for d in render("default"))
     assert kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "ConfigMap", "ConfigMap",
-                     "CustomResourceDefinition", "Deployment", "Deployment", "PriorityClass", "PriorityClass", "Service",
+                     "CustomResourceDefinition", "CustomResourceDefinition", "Deployment", "Deployment", "PriorityClass", "PriorityClass", "Service",
                      "Service", "ServiceAccount", "ServiceAccount"]  # the operator's and the gateway's
 
 
@@ -45,7 +45,7 @@ def test_priority_classes_carry_the_names_the_operator_uses() -> None:
 def test_all_options_render_every_optional_resource() -> None:
     kinds = sorted(d["kind"] for d in render("all-options"))
     assert kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "ConfigMap", "ConfigMap",
-                     "CustomResourceDefinition", "Deployment", "Deployment", "PodMonitor", "PriorityClass",
+                     "CustomResourceDefinition", "CustomResourceDefinition", "Deployment", "Deployment", "PodMonitor", "PriorityClass",
                      "PriorityClass", "PrometheusRule", "Service", "Service", "ServiceAccount", "ServiceAccount",
                      "ServiceMonitor"]
 

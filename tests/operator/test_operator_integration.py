@@ -17,7 +17,7 @@ from flotilla_operator import types
 from flotilla_operator.manifests import Owner, build_deployment, build_pdb, build_service
 from flotilla_operator.plan import is_subset
 
-from tests.support.examples import EXAMPLES, ROOT, crd, load_example
+from tests.support.examples import EXAMPLES, ROOT, crd, load_example, pool_crd
 from tests.support.k8s_defaults import apply_defaults
 from tests.support.k8s_emulator import EmulatorHandle, serve
 from tests.support.operator_process import operator_process
@@ -304,9 +304,9 @@ def test_transient_api_errors_are_retried_with_backoff(tmp_path):
             k8s.eventually(lambda: status_of(k8s, "flaky").get("phase") == "Progressing", WAIT_S)
 
 
-# Granted for code paths this test does not drive: the autoscaler's scale writes (the e2e suite
-# drives them) and kopf peering (only with --peering; tests/operator/test_peering.py audits it).
-RESERVED = {("patch", "flotilla.dev", "inferencemodels/scale")} | {
+# Granted for code paths this test does not drive: the autoscalers' scale writes (test_autoscaler_loop,
+# test_pool_autoscaler_loop and the e2e suite drive them) and kopf peering (only with --peering).
+RESERVED = {("patch", "flotilla.dev", "inferencemodels/scale"), ("patch", "flotilla.dev", "modelpools/scale")} | {
     (verb, "kopf.dev", resource) for verb in ("get", "list", "watch", "patch")
     for resource in ("clusterkopfpeerings", "kopfpeerings")}
 
@@ -317,7 +317,7 @@ def _granted(rules):
 
 
 def test_deploy_rbac_grants_exactly_what_the_operator_uses(tmp_path):
-    with serve(tmp_path, crds=[crd()], monitoring=True) as k8s, \
+    with serve(tmp_path, crds=[crd(), pool_crd()], monitoring=True) as k8s, \
             operator_process(k8s.kubeconfig, tmp_path, "--drift-interval-s", str(DRIFT_S)):
         k8s.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                     "metadata": {"name": "models", "namespace": "default"}, "spec": {}})
@@ -338,6 +338,15 @@ def test_deploy_rbac_grants_exactly_what_the_operator_uses(tmp_path):
                                                         "networkPolicy": {"enabled": False}}})
         k8s.eventually(lambda: k8s.get("policy/v1", "poddisruptionbudgets", "audited", "default") is None, WAIT_S)
         k8s.eventually(lambda: k8s.get("networking.k8s.io/v1", "networkpolicies", "audited", "default") is None, WAIT_S)
+        # A ModelPool (docs/pools.md): the model joins it, giving up its Deployment; the members ConfigMap drifts back.
+        k8s.create({"apiVersion": "flotilla.dev/v1alpha1", "kind": "ModelPool",
+                    "metadata": {"name": "shared", "namespace": "default"}, "spec": {"volume": {"claimName": "models"}}})
+        k8s.patch(*IM, "audited", "default", {"spec": {"pool": "shared"}})
+        k8s.eventually(lambda: k8s.get(*DEPLOYMENTS, "audited", "default") is None, WAIT_S)
+        k8s.eventually(lambda: k8s.get("v1", "configmaps", "shared-pool-members", "default"), WAIT_S)
+        k8s.patch("v1", "configmaps", "shared-pool-members", "default", {"data": {"models": "edited by hand\n"}})
+        k8s.eventually(lambda: k8s.get("v1", "configmaps", "shared-pool-members", "default")["data"]["models"]
+                       == "audited=/models\n", WAIT_S)  # the served name (tiny() names it after the model)
         k8s.delete(*IM, "audited", "default")
         k8s.eventually(lambda: k8s.get(*IM, "audited", "default") is None, WAIT_S)
         audit = list(k8s.emulator.audit)

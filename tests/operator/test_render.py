@@ -60,7 +60,7 @@ def test_a_given_uid_keeps_the_owner_reference_and_the_image_flag_applies(tmp_pa
 
 
 @pytest.mark.parametrize(("document", "message"), [
-    ("apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n", "render takes InferenceModel manifests"),
+    ("apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n", "render takes InferenceModel and ModelPool manifests"),
     ("apiVersion: flotilla.dev/v1alpha1\nkind: InferenceModel\nmetadata: {name: x}\nspec: {replicas: -1}\n",
      "fix it and render again"),
     ("", "holds no YAML document"),

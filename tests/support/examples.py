@@ -1,4 +1,4 @@
-"""The repository's InferenceModel examples and generated CRD, loaded once for tests."""
+"""The repository's InferenceModel examples and generated CRDs, loaded once for tests."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 CRD_PATH = ROOT / "crds" / "flotilla.dev_inferencemodels.yaml"
+POOL_CRD_PATH = ROOT / "crds" / "flotilla.dev_modelpools.yaml"
 
 
 def load_example(path: Path) -> dict[str, Any]:
@@ -20,6 +21,11 @@ def load_example(path: Path) -> dict[str, Any]:
 @functools.cache
 def crd() -> dict[str, Any]:
     return yaml.safe_load(CRD_PATH.read_text())
+
+
+@functools.cache
+def pool_crd() -> dict[str, Any]:
+    return yaml.safe_load(POOL_CRD_PATH.read_text())
 
 
 def crd_schema() -> dict[str, Any]:

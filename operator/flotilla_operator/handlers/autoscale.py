@@ -29,11 +29,13 @@ from flotilla_operator.autoscaler_status import (
 )
 from flotilla_operator.events import object_ref, post_event
 from flotilla_operator.kube import KubeError
+from flotilla_operator.pool_members import joins_pool
 from flotilla_operator.prometheus import PoolSample, PrometheusClient, PrometheusError
 from flotilla_operator.reconciler import Context
 from flotilla_operator.settings import OperatorSettings
 from flotilla_operator.status_writer import write_status
 
+POOLED = "ScaledByPool"  # ScalingActive reason of a model that joined a ModelPool
 NO_DATA = "no_data"  # PROMETHEUS_QUERY_FAILURES reason: the query worked but no ready replica reported
 
 
@@ -88,6 +90,11 @@ async def autoscale_once(ctx: Context, prometheus: PrometheusClient, namespace: 
         spec = types.parse_spec(obj.get("spec") or {})
     except pydantic.ValidationError:
         return  # the reconciler reports an unreadable spec as Degraded
+    if joins_pool(spec):  # a pooled model's replicas do not apply: its ModelPool scales
+        async with ctx.lock(namespace, name):
+            await _write_status(ctx, namespace, name, None, False, POOLED,
+                                f"the model is served by ModelPool {spec.pool}, which scales; its spec.replicas does not apply")
+        return
     if spec.scaling.disabled:
         async with ctx.lock(namespace, name):
             await _write_status(ctx, namespace, name, None, False, SCALING_DISABLED,

@@ -18,11 +18,13 @@ from flotilla_operator import credentials, metrics, reconciler, types
 from flotilla_operator.events import object_ref, post_event
 from flotilla_operator.kube import KubeClient, KubeError
 from flotilla_operator.manifests import MANAGED_BY
+from flotilla_operator.pool_reconciler import sync_pools
 from flotilla_operator.settings import OperatorSettings
 
 MAX_BACKOFF_S = 60.0
 STORAGE_PREFIX = "flotilla.dev"
 FINALIZER = "flotilla.dev/operator"
+TIMER_EXIT_POLL_S = 1.0
 
 
 def backoff_s(retry: int) -> float:
@@ -30,7 +32,7 @@ def backoff_s(retry: int) -> float:
     return min(MAX_BACKOFF_S, 2.0 ** retry)
 
 
-async def _guarded(ctx: reconciler.Context, namespace: str, name: str, retry: int, coro_fn: Any) -> None:
+async def guarded(ctx: reconciler.Context, namespace: str, name: str, retry: int, coro_fn: Any) -> None:
     async with ctx.lock(namespace, name):
         try:
             await coro_fn()
@@ -39,6 +41,14 @@ async def _guarded(ctx: reconciler.Context, namespace: str, name: str, retry: in
             if error.transient:
                 raise kopf.TemporaryError(f"{error}; retrying", delay=backoff_s(retry)) from error
             raise
+
+
+async def _reconcile_and_sync(ctx: reconciler.Context, body: dict[str, Any],
+                              logger: logging.Logger | logging.LoggerAdapter) -> None:
+    """Reconcile a model, then the pools it names now or named before (its membership may have changed)."""
+    await reconciler.reconcile(ctx, body, logger)
+    pools = {(body.get("spec") or {}).get("pool"), (body.get("status") or {}).get("pool")}
+    await sync_pools(ctx, body["metadata"]["namespace"], pools, logger)
 
 
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
@@ -52,6 +62,9 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
         settings.persistence.finalizer = FINALIZER  # stops the drift timer cleanly on deletion
         settings.posting.enabled = False  # one way to post Events: events.post_event (log lines stay logs)
         settings.watching.server_timeout = 300
+        # A deleted object keeps its finalizer until its drift timer exits; a timer caught mid-run (waiting on the
+        # model's lock) is re-checked after this many seconds, not kopf's default 60, so deletion stays prompt.
+        settings.background.cancellation_polling = TIMER_EXIT_POLL_S
         kube = KubeClient(current=await asyncio.to_thread(credentials.login))  # an exec plugin may run: off the loop
         monitoring = await kube.has_api_group("monitoring.coreos.com/v1")
         memo.ctx = reconciler.Context(memo.settings, kube, monitoring)
@@ -67,18 +80,22 @@ def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> Non
     @kopf.on.update(*resource, id="reconcile", registry=registry)
     async def reconcile_model(body: kopf.Body, name: str, namespace: str, retry: int, memo: kopf.Memo,
                               logger: logging.Logger, **_: Any) -> None:
-        await _guarded(memo.ctx, namespace, name, retry, lambda: reconciler.reconcile(memo.ctx, dict(body), logger))
+        await guarded(memo.ctx, namespace, name, retry, lambda: _reconcile_and_sync(memo.ctx, dict(body), logger))
 
     @kopf.timer(*resource, id="drift", interval=settings.drift_interval_s,
                 initial_delay=settings.drift_interval_s, registry=registry)
     async def correct_drift(body: kopf.Body, name: str, namespace: str, retry: int, memo: kopf.Memo,
                             logger: logging.Logger, **_: Any) -> None:
-        await _guarded(memo.ctx, namespace, name, retry, lambda: reconciler.reconcile(memo.ctx, dict(body), logger))
+        await guarded(memo.ctx, namespace, name, retry, lambda: reconciler.reconcile(memo.ctx, dict(body), logger))
 
     @kopf.on.delete(*resource, id="forget", optional=True, registry=registry)
-    async def forget_model(spec: kopf.Spec, name: str, namespace: str, **_: Any) -> None:
+    async def forget_model(spec: kopf.Spec, status: kopf.Status, name: str, namespace: str, memo: kopf.Memo,
+                           logger: logging.Logger, **_: Any) -> None:
         served_name = (spec.get("model") or {}).get("name") or name
         reconciler.forget(namespace, served_name)  # children go with their owner references
+        pools = {spec.get("pool"), status.get("pool")} - {None}
+        if pools and getattr(memo, "ctx", None) is not None:  # a pool drops the member from its ConfigMap now
+            await guarded(memo.ctx, namespace, name, 0, lambda: sync_pools(memo.ctx, namespace, pools, logger))
 
     @kopf.on.event("", "v1", "pods", labels={MANAGED_BY_LABEL: MANAGED_BY}, id="pod-status", registry=registry)
     async def pod_changed(body: kopf.Body, namespace: str, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:

@@ -1,0 +1,79 @@
+"""Pool membership policy: which InferenceModels join a ModelPool, and from where its servers load them.
+
+Pure functions of specs (docs/pools.md, "Members"). A pod's spec cannot grow an init container per new
+member without a restart, so a pool takes only members whose weights its pods reach as they are: a
+`builtin` model, or a `pvc` model on the pool's own volume (mounted at /models in every pool pod).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from flotilla_operator.model_source import MODELS_DIR
+from flotilla_operator.placement import COST_FIRST
+from flotilla_operator.pool_types import ModelPoolSpec
+from flotilla_operator.status import Problem
+from flotilla_operator.types import InferenceModelSpec
+
+SOURCE_NOT_POOLABLE = "SourceNotPoolable"
+POOL_NOT_FOUND = "PoolNotFound"
+
+
+@dataclass(frozen=True)
+class Member:
+    name: str  # the InferenceModel
+    model: str  # the served model name clients send
+    source: str  # what the pool's servers load: `tiny`, or a directory under /models
+
+
+def joins_pool(spec: InferenceModelSpec) -> bool:
+    """A cost-first model naming a pool joins it; a latency-first one keeps its own Deployment."""
+    return spec.pool is not None and spec.placement.policy == COST_FIRST
+
+
+def member_source(spec: InferenceModelSpec, pool: ModelPoolSpec) -> str | Problem:
+    """Where the pool's servers find this model's weights, or why they cannot."""
+    source = spec.model.source
+    if source.builtin is not None:
+        return source.builtin
+    claim = pool.volume.claim_name if pool.volume is not None else None
+    if source.pvc is not None and source.pvc.claim_name == claim:
+        path = source.pvc.path.strip("/")
+        return f"{MODELS_DIR}/{path}" if path else MODELS_DIR
+    kind = "pvc" if source.pvc is not None else "huggingface" if source.huggingface is not None else "image"
+    if claim is None:
+        how = (f"give ModelPool {spec.pool} a spec.volume.claimName, copy the model's files into that claim, "
+               "and set spec.model.source to pvc with that claimName and the directory as path")
+    else:
+        how = (f"copy the model's files into PersistentVolumeClaim {claim!r} (ModelPool {spec.pool}'s volume) and set "
+               f"spec.model.source to pvc: {{claimName: {claim}, path: <the directory>}}")
+    if kind == "pvc":
+        what = f"claim {source.pvc.claim_name!r} is not the pool's volume" if source.pvc else ""
+    else:
+        what = f"a {kind} source needs an init container per pod, which would restart the pool's pods"
+    return Problem(SOURCE_NOT_POOLABLE, f"ModelPool {spec.pool} cannot load this model: {what}; {how}, "
+                                        "or remove spec.pool to give the model its own Deployment")
+
+
+def members(models: Iterable[tuple[str, InferenceModelSpec]], pool_name: str, pool: ModelPoolSpec) -> list[Member]:
+    """The pool's members, by served name: cost-first models naming it whose source it can load."""
+    found = []
+    for name, spec in models:
+        if spec.pool != pool_name or not joins_pool(spec):
+            continue
+        source = member_source(spec, pool)
+        if isinstance(source, str):
+            found.append(Member(name, spec.model.name, source))
+    return sorted(found, key=lambda m: (m.model, m.name))
+
+
+def members_file(found: Iterable[Member]) -> str:
+    """The model list file the pool's servers re-read: one `NAME=SOURCE` a line, as `--model NAME=SOURCE`.
+
+    Two members serving the same model name: the first by InferenceModel name wins (one entry per name).
+    """
+    lines: dict[str, str] = {}
+    for member in found:
+        lines.setdefault(member.model, f"{member.model}={member.source}")
+    return "".join(line + "\n" for _, line in sorted(lines.items()))

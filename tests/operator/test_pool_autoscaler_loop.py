@@ -1,0 +1,96 @@
+"""The pool autoscaler's shell against the API emulator and a real Prometheus scraping a fake pool replica.
+
+The replica exports per-member gauges labelled as the pool's scrape labels them (`pool`, `model`);
+`autoscale_pool_once` runs with a controlled clock. Pure rules are tested in test_pool_autoscaler.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterator
+
+import pytest
+from flotilla_contract.metrics import REQUESTS_RUNNING, REQUESTS_WAITING, SLOTS
+from flotilla_operator import credentials, pool_types, types
+from flotilla_operator.handlers.pool_autoscale import autoscale_pool_once
+from flotilla_operator.kube import KubeClient
+from flotilla_operator.prometheus import PrometheusClient
+from flotilla_operator.reconciler import Context
+from flotilla_operator.settings import OperatorSettings
+from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+from tests.support.examples import crd, pool_crd
+from tests.support.k8s_emulator import serve
+from tests.support.ports import free_port
+from tests.support.prometheus import RealPrometheus, Target
+
+NS, POOL = "default", "loop-pool"
+MEMBERS = ("m1", "m2", "m3", "m4")
+NOW = 1_800_000_000.0
+log = logging.getLogger("test")
+
+
+class PoolReplica:
+    """One fake multi-model server: waiting, running and slots per member."""
+
+    def __init__(self) -> None:
+        registry = CollectorRegistry()
+        self.gauges = {name: Gauge(name, name, ["model"], registry=registry) for name in (REQUESTS_WAITING, REQUESTS_RUNNING, SLOTS)}
+        for model in MEMBERS:
+            for name, gauge in self.gauges.items():
+                gauge.labels(model=model).set(2 if name == SLOTS else 0)
+        self.port = free_port()
+        self.server, _ = start_http_server(self.port, addr="127.0.0.1", registry=registry)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> Iterator[tuple]:
+    replica = PoolReplica()
+    try:
+        with serve(tmp_path_factory.mktemp("k8s"), crds=[crd(), pool_crd()]) as k8s, RealPrometheus() as prom:
+            prom.set_targets([Target(f"127.0.0.1:{replica.port}", {"namespace": NS, "pool": POOL, "pod": "p0"})])
+            prom.wait_for("count(flotilla_slots)", lambda v: v == len(MEMBERS))
+            yield k8s, prom, replica
+    finally:
+        replica.close()
+
+
+def pool(replicas: int) -> dict:
+    # budget 1Gi per replica, 512Mi per member: two members fit one replica
+    return {"apiVersion": types.API_VERSION, "kind": pool_types.KIND, "metadata": {"name": POOL, "namespace": NS},
+            "spec": {"replicas": replicas, "memoryBudget": "1Gi", "modelMemory": "512Mi",
+                     "scaling": {"minReplicas": 0, "maxReplicas": 4, "targetQueueDepth": 100,
+                                 "scaleDownStabilizationSeconds": 0}}}
+
+
+async def tick(k8s, prom_url: str) -> dict:
+    kube = KubeClient(functools.partial(credentials.login, k8s.kubeconfig))
+    prometheus = PrometheusClient(prom_url, timeout_s=2.0)
+    try:
+        ctx = Context(OperatorSettings(namespaces=(NS,)), kube, monitoring=False)
+        await autoscale_pool_once(ctx, prometheus, NS, POOL, log, now_s=NOW)
+    finally:
+        await kube.close()
+        await prometheus.aclose()
+    return k8s.get(types.API_VERSION, pool_types.PLURAL, POOL, NS)
+
+
+async def test_four_active_members_with_memory_for_two_a_replica_get_two_replicas(world) -> None:
+    k8s, prom, replica = world
+    created = k8s.create(pool(1))
+    k8s.patch(types.API_VERSION, pool_types.PLURAL, POOL, NS, {"metadata": {"resourceVersion": created["metadata"]["resourceVersion"]},
+              "status": {"members": [{"name": m, "model": m, "source": "tiny"} for m in MEMBERS]}}, subresource="status")
+    for model in MEMBERS:  # one request running for each: a queue far under target, but four active members
+        replica.gauges[REQUESTS_RUNNING].labels(model=model).set(1)
+    prom.wait_for(f'sum({REQUESTS_RUNNING}{{pool="{POOL}"}})', lambda v: v == len(MEMBERS), timeout_s=10)
+    obj = await tick(k8s, prom.url)
+    assert obj["spec"]["replicas"] == 2, obj["status"]["autoscaler"]
+    assert obj["status"]["autoscaler"]["lastReason"] == "MemoryFloor"
+    active = next(c for c in obj["status"]["conditions"] if c["type"] == "ScalingActive")
+    assert (active["status"], active["reason"]) == ("True", "ValidMetricFound")
+    assert "need 2 replicas of memory" in obj["status"]["autoscaler"]["lastDecision"]
