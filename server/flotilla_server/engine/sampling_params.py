@@ -19,6 +19,7 @@ class SamplingParams:
     seed: int | None = None  # a seed makes the request's samples reproducible
     stop: tuple[str, ...] = field(default_factory=tuple)  # generation ends before any of these strings
     ignore_eos: bool = False  # keep generating past EOS (benchmarks)
+    cache_salt: str | None = None  # prefix-cache tenant: requests with different salts never share KV blocks
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
