@@ -30,6 +30,7 @@ def sampling_params(state: ServerState, body: _SamplingFields, num_prompt_tokens
             seed=body.seed,
             stop=body.stop_strings(),
             ignore_eos=body.ignore_eos,
+            cache_salt=body.cache_salt,
         )
     except ValueError as e:
         raise APIError(400, f"{e}: change that field and retry.") from None

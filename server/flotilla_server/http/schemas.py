@@ -35,6 +35,9 @@ class _SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     user: str | None = None
+    cache_salt: Annotated[str, Field(min_length=1)] | None = Field(
+        default=None, description="Prefix-cache tenant: requests with different salts never share cached KV blocks."
+    )
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> _SamplingFields:

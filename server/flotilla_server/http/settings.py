@@ -29,6 +29,7 @@ class ServerSettings:
     queue_depth_per_slot: int = f.DEFAULT_QUEUE_DEPTH_PER_SLOT
     queue_timeout_s: float = f.DEFAULT_QUEUE_TIMEOUT_S
     drain_timeout_s: float = f.DEFAULT_DRAIN_TIMEOUT_S
+    prefix_caching: str = "on"
     dtype: str = "float32"
     device: str = "cpu"
     max_body_bytes: int = f.DEFAULT_MAX_BODY_BYTES
@@ -43,6 +44,8 @@ class ServerSettings:
             raise ValueError(f"--queue-timeout-s must be > 0, got {self.queue_timeout_s}")
         if self.drain_timeout_s < 0:
             raise ValueError(f"--drain-timeout-s must be >= 0, got {self.drain_timeout_s}")
+        if self.prefix_caching not in f.PREFIX_CACHING:
+            raise ValueError(f"--prefix-caching must be one of {', '.join(f.PREFIX_CACHING)}, got {self.prefix_caching!r}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}")
 
@@ -56,5 +59,5 @@ class ServerSettings:
             model=self.model, max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
             prefill_chunk=self.prefill_chunk, block_size=self.block_size, num_kv_blocks=self.num_kv_blocks,
             kv_cache_memory_bytes=self.kv_cache_memory_bytes, max_model_len=self.max_model_len,
-            dtype=self.dtype, device=self.device,
+            dtype=self.dtype, device=self.device, enable_prefix_caching=self.prefix_caching == "on",
         )

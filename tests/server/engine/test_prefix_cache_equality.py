@@ -23,7 +23,7 @@ def greedy(n: int) -> SamplingParams:
 
 
 def run(engine, prompts, new_tokens) -> list[list[int]]:
-    got = run_to_completion(engine, {f"r{i}": (p, greedy(n)) for i, (p, n) in enumerate(zip(prompts, new_tokens))})
+    got = run_to_completion(engine, {f"r{i}": (p, greedy(n)) for i, (p, n) in enumerate(zip(prompts, new_tokens, strict=True))})
     return [got[f"r{i}"]["token_ids"] for i in range(len(prompts))]
 
 
@@ -35,7 +35,7 @@ def test_cold_then_warm_cache_sharing_1_2_and_5_blocks(hf_model, case) -> None:
     tails = random_prompts([5, 9, 4], seed=12)
     cold = run(engine, [base], [6])
     assert engine.stats().prefix_cache_hits == 0, "a cold cache hit"
-    warm_prompts = [base[: k * BLOCK] + tail for k, tail in zip((1, 2, 5), tails)]
+    warm_prompts = [base[: k * BLOCK] + tail for k, tail in zip((1, 2, 5), tails, strict=True)]
     hits_before = engine.stats().prefix_cache_hits
     warm = []
     for prompt in warm_prompts:  # one at a time, so each hit is the run it shares with `base`
@@ -49,15 +49,15 @@ def test_cold_then_warm_cache_sharing_1_2_and_5_blocks(hf_model, case) -> None:
 @pytest.mark.parametrize("case", CASES)
 def test_preemption_of_requests_holding_shared_blocks(hf_model, case) -> None:
     path, loaded = hf_model(case)
-    # 6 sequences of a shared 32-token prefix (4 blocks) + 8 own tokens + 24 generated: 8 blocks each
-    # alone, 4 + 6 x 4 = 28 with sharing; the pool has 16, so growth preempts sequences that share
-    engine = make_engine(loaded, max_num_seqs=6, max_num_batched_tokens=256, prefill_chunk=64,
-                         block_size=BLOCK, num_kv_blocks=16)
+    # 3 sequences of a shared 32-token prefix (4 blocks) + 8 own tokens + 16 generated: 7 blocks each
+    # alone, 4 + 3 x 3 = 13 with sharing; the pool has 10, so growth preempts sequences that share
+    engine = make_engine(loaded, max_num_seqs=3, max_num_batched_tokens=256, prefill_chunk=64,
+                         block_size=BLOCK, num_kv_blocks=10)
     shared = random_prompts([4 * BLOCK], seed=13)[0]
-    prompts = [shared + tail for tail in random_prompts([8] * 6, seed=14)]
+    prompts = [shared + tail for tail in random_prompts([8] * 3, seed=14)]
     run(engine, prompts[:1], [1])  # warms the cache with the shared prefix
-    got = run(engine, prompts, [24] * 6)
+    got = run(engine, prompts, [16] * 3)
     assert engine.scheduler.preemptions > 0
-    assert engine.stats().prefix_cache_hits >= 6 * 4 * BLOCK
-    assert got == hf_greedy(path, prompts, 24)
+    assert engine.stats().prefix_cache_hits >= 3 * 4 * BLOCK
+    assert got == hf_greedy(path, prompts, 16)
     engine.pool.check([])
