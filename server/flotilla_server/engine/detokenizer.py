@@ -51,7 +51,7 @@ class IncrementalDetokenizer:
         """At the end of generation: everything still held back, but never an incomplete last character.
 
         Generation cut (max_tokens, EOS) in the middle of a multi-byte character leaves bytes that decode
-        to U+FFFD; they are dropped, as OpenAI drops them, rather than shown as "�".
+        to U+FFFD; they are dropped, as OpenAI drops them, rather than shown as a replacement character.
         """
         if not self.stopped and self._read_offset < len(self._ids):
             prefix_text = self._tokenizer.decode(self._ids[self._prefix_offset : self._read_offset])
