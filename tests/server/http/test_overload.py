@@ -64,7 +64,7 @@ def test_overload(overload_server):
         pollers = [asyncio.create_task(poll_health()), asyncio.create_task(poll_metrics())]
         await asyncio.sleep(0.3)
         body = {"model": "tiny", "prompt": "a crowd arrives at once", "max_tokens": MAX_TOKENS, "ignore_eos": True,
-                "stream": True}
+                "stream": True, "stream_options": {"include_usage": True}}
         sent_at = []
         for i, (_, writer) in enumerate(conns):
             writer.write(raw_http.request_bytes(host, port, "/v1/completions", {**body, "seed": i}))
