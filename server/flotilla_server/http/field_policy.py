@@ -10,7 +10,7 @@ that ignored a field that would have changed it:
   field carrying its neutral value (`logprobs: false`, `tools: []`, `n: 1`, ...) changes nothing, so it is
   accepted like an ignored one: many clients send those defaults on every request.
 
-Our own fields (`top_k`, `ignore_eos`, `cache_salt`) are listed apart. Any other field gets a 400 naming it.
+Our own fields (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `cache_salt`) are listed apart. Any other field gets a 400 naming it.
 A test walks the SDK's types, so a field a newer SDK adds fails it until someone classifies it here.
 """
 
@@ -24,13 +24,14 @@ from typing import Any
 log = logging.getLogger("flotilla.server")
 
 SUPPORTED_COMMON = frozenset(
-    {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "user"}
+    {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "user",
+     "frequency_penalty", "presence_penalty"}
 )
 SUPPORTED = {
     "completions": SUPPORTED_COMMON | {"prompt"},
     "chat": SUPPORTED_COMMON | {"messages", "max_completion_tokens"},
 }
-OURS = frozenset({"top_k", "ignore_eos", "cache_salt"})  # beyond OpenAI's API, as vLLM names them
+OURS = frozenset({"top_k", "min_p", "repetition_penalty", "ignore_eos", "cache_salt"})  # beyond OpenAI's API, as vLLM names them
 
 # accepted and dropped: routing hints, storage and billing options of OpenAI's own platform
 IGNORED = {
@@ -64,8 +65,6 @@ _SHARED_REFUSED = {
     "n": Refused("several choices per request (n > 1)", _none_or(1)),
     "logprobs": Refused("log-probabilities (logprobs)", _none_or(False, 0)),
     "logit_bias": Refused("token biasing (logit_bias)", _empty),
-    "frequency_penalty": Refused("frequency_penalty", _none_or(0)),
-    "presence_penalty": Refused("presence_penalty", _none_or(0)),
 }
 REFUSED = {
     "completions": {

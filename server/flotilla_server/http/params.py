@@ -38,6 +38,10 @@ def sampling_params(state: ServerState, body: _SamplingFields, num_prompt_tokens
             stop=body.stop_strings(),
             ignore_eos=body.ignore_eos,
             cache_salt=body.cache_salt,
+            presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0,
+            repetition_penalty=body.repetition_penalty if body.repetition_penalty is not None else 1.0,
+            min_p=body.min_p or 0.0,
         )
     except ValueError as e:
         raise APIError(400, f"{e}: change that field and retry.") from None

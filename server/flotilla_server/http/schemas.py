@@ -33,6 +33,14 @@ class _SamplingFields(BaseModel):
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     top_k: Annotated[int, Field(ge=-1)] = Field(default=-1, description="-1 or 0 disables the top-k cut.")
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=100.0)] | None = Field(
+        default=None, description="vLLM's: >1 discourages tokens already in the prompt or output; 1 disables it."
+    )
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
+        default=None, description="vLLM's: drop tokens less likely than min_p times the likeliest; 0 disables it."
+    )
     stop: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
