@@ -51,6 +51,7 @@ test: setup tools lint model
 
 bench: setup
 	$(VENV)/bin/flotilla-bench offline --json docs/bench/offline.json --plot docs/bench/offline.png
+	$(VENV)/bin/flotilla-bench prefix --json docs/bench/prefix.json
 
 generate: setup
 	$(PY) -m flotilla_operator.generate

@@ -14,6 +14,7 @@ import sys
 COMMANDS = {
     "offline": ("flotilla_server.bench.offline", "engine throughput: continuous, static, sequential, transformers"),
     "online": ("flotilla_server.bench.online", "load an OpenAI-compatible server and report latencies"),
+    "prefix": ("flotilla_server.bench.prefix", "prefix caching on and off on repeated system prompts"),
 }
 
 
