@@ -59,7 +59,7 @@ def test_sigterm_drains_in_flight_streams(tmp_path):
         assert health.status == 200  # alive while draining: liveness must not kill a draining pod
         for r in results:
             assert r.status == 200 and r.done
-            assert r.events[-1]["choices"][0]["finish_reason"] == "length"
+            assert r.events[-2]["choices"][0]["finish_reason"] == "length"
             assert r.events[-1]["usage"]["completion_tokens"] == MAX_TOKENS
         assert server.proc.wait(timeout=30) == 0
         assert "draining" in server.log()
