@@ -25,6 +25,7 @@ DEFAULT_LOAD_TIMEOUT_S = 120.0
 DEFAULT_MIN_RESIDENCY_S = 60.0
 DTYPES = ("float32", "bfloat16", "float16")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+PREFIX_CACHING = ("on", "off")
 
 Kind = Literal["str", "int", "float", "bytes"]
 
@@ -86,6 +87,8 @@ SERVER_FLAGS: tuple[Flag, ...] = (
          "Longest wait in the admission queue before 429, seconds."),
     Flag("--drain-timeout-s", "drain_timeout_s", "float", DEFAULT_DRAIN_TIMEOUT_S,
          "On SIGTERM, how long in-flight requests may take to finish before the process exits, seconds."),
+    Flag("--prefix-caching", "prefix_caching", "str", "on",
+         "Reuse the KV blocks of prompts' common prefixes (system prompts, earlier turns): on or off."),
     Flag("--dtype", "dtype", "str", "float32", f"Weights and KV-cache dtype: {', '.join(DTYPES)}."),
     Flag("--device", "device", "str", "cpu", "cpu or cuda[:N]."),
     Flag("--max-body-bytes", "max_body_bytes", "bytes", DEFAULT_MAX_BODY_BYTES,

@@ -7,11 +7,17 @@ KV_BLOCKS_TOTAL = "flotilla_kv_blocks_total"
 KV_BLOCKS_USED = "flotilla_kv_blocks_used"
 KV_CACHE_USAGE_RATIO = "flotilla_kv_cache_usage_ratio"
 PREEMPTIONS = "flotilla_preemptions"
+KV_BLOCKS_CACHED = "flotilla_kv_blocks_cached"  # free blocks still holding a reusable prefix
+# prefix-cache lookups, in tokens (counters: the exposition adds `_total`)
+PREFIX_CACHE_QUERIES = "flotilla_prefix_cache_queries"
+PREFIX_CACHE_HITS = "flotilla_prefix_cache_hits"
 
 # The Gateway API Inference Extension's model-server protocol, exported beside ours.
 VLLM_REQUESTS_WAITING = "vllm:num_requests_waiting"
 VLLM_REQUESTS_RUNNING = "vllm:num_requests_running"
 VLLM_KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
+VLLM_PREFIX_CACHE_QUERIES = "vllm:prefix_cache_queries"  # on the wire: vllm:prefix_cache_queries_total
+VLLM_PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
 
 # Multi-model servers (docs/serving.md, "Multi-model mode"); every series carries `model` where one applies.
 MODEL_LOAD_SECONDS = "flotilla_model_load_seconds"  # histogram: one observation per finished load

@@ -78,14 +78,15 @@ async def _one(client: aiohttp.ClientSession, url: str, body: dict[str, Any], w:
                 if data == "[DONE]":
                     break
                 now = time.monotonic()
-                if '"usage"' in data or '"error"' in data:  # only the last chunk (or an error) is parsed whole
+                if '"usage":{' in data or '"error"' in data:  # only the usage chunk (or an error) is parsed whole
                     event = json.loads(data)
                     if "error" in event:
                         rec.status, rec.error = "stream_error", event["error"].get("message")
                         return rec
-                    if usage := event.get("usage"):
-                        rec.prompt_tokens, rec.output_tokens = usage["prompt_tokens"], usage["completion_tokens"]
-                elif '"role":"assistant"' in data:
+                    usage = event["usage"]
+                    rec.prompt_tokens, rec.output_tokens = usage["prompt_tokens"], usage["completion_tokens"]
+                    continue  # include_usage's last chunk has no choices: no token
+                if '"role":"assistant"' in data:
                     continue  # a chat stream's opening chunk carries no token
                 # every other chunk is one engine event: token timing, even while the text is held back
                 # (incomplete UTF-8, a possible stop string)

@@ -30,6 +30,7 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cpu"
     seed: int = 0
+    enable_prefix_caching: bool = True  # reuse the KV blocks of prompts' common prefixes
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

@@ -94,7 +94,7 @@ class EngineCore:
         num_blocks = resolve_num_blocks(config, self.max_model_len, per_block)
         check_fits(num_blocks * per_block, config.device)  # before the pool's bookkeeping grows with it
         self.max_model_len = cap_to_pool(config, self.max_model_len, num_blocks)
-        self.pool = BlockPool(num_blocks, config.block_size)
+        self.pool = BlockPool(num_blocks, config.block_size, enable_caching=config.enable_prefix_caching)
         try:
             kv = KVCacheTensors.allocate(
                 mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype, config.device
@@ -185,6 +185,7 @@ class EngineCore:
                 num_waiting=len(self.scheduler.waiting),
                 num_preempted=len(plan.preempted),
                 kv_blocks_used=self.pool.num_used_blocks,
+                kv_blocks_cached=self.pool.num_cached_blocks,
                 kv_positions_held=held,
                 kv_positions_allocated=allocated,
             )
@@ -224,6 +225,9 @@ class EngineCore:
                 num_slots=self.scheduler.max_num_seqs,
                 kv_blocks_used=self.pool.num_used_blocks,
                 kv_blocks_total=self.pool.num_blocks,
+                kv_blocks_cached=self.pool.num_cached_blocks,
+                prefix_cache_queries=self.scheduler.prefix_cache_queries,
+                prefix_cache_hits=self.scheduler.prefix_cache_hits,
                 num_preemptions=self.scheduler.preemptions,
                 deferrals=dict(self.scheduler.deferrals),
                 last_step_duration_s=self._last_step_s,

@@ -48,11 +48,15 @@ class IncrementalDetokenizer:
         return self._emit(final=False)
 
     def flush(self) -> str:
-        """At the end of generation: everything still held back, incomplete tail included."""
+        """At the end of generation: everything still held back, but never an incomplete last character.
+
+        Generation cut (max_tokens, EOS) in the middle of a multi-byte character leaves bytes that decode
+        to U+FFFD; they are dropped, as OpenAI drops them, rather than shown as a replacement character.
+        """
         if not self.stopped and self._read_offset < len(self._ids):
             prefix_text = self._tokenizer.decode(self._ids[self._prefix_offset : self._read_offset])
             new_text = self._tokenizer.decode(self._ids[self._prefix_offset :])
-            self._append(new_text[len(prefix_text) :])
+            self._append(new_text[len(prefix_text) :].rstrip(REPLACEMENT_CHAR))
             self._prefix_offset = self._read_offset = len(self._ids)
         return self._emit(final=True)
 

@@ -79,5 +79,8 @@ class ModelRunner:
         sampled_chunks = [c for c in plan.chunks if c.sample]
         params = [c.seq.params for c in sampled_chunks]
         generators = [self._generator(c.seq.request_id, c.seq.params.seed) for c in sampled_chunks]
-        tokens = sample(logits, params, generators, self._default_generator)
+        histories = None
+        if any(p.has_penalties for p in params):
+            histories = [(c.seq.prompt_token_ids, c.seq.output_token_ids) for c in sampled_chunks]
+        tokens = sample(logits, params, generators, self._default_generator, histories)
         return StepResult(tokens, forward_s)

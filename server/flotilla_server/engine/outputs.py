@@ -35,7 +35,8 @@ class StepRecord:
     num_running: int = 0  # after the step
     num_waiting: int = 0
     num_preempted: int = 0  # preemptions in this step
-    kv_blocks_used: int = 0
+    kv_blocks_used: int = 0  # blocks with a ref_count above 0
+    kv_blocks_cached: int = 0  # free blocks that still hold a reusable prefix
     kv_positions_held: int = 0  # positions holding tokens, after the step
     kv_positions_allocated: int = 0  # positions in allocated blocks, after the step
 
@@ -48,6 +49,9 @@ class EngineStats:
     kv_blocks_used: int
     kv_blocks_total: int
     num_preemptions: int  # since start
+    kv_blocks_cached: int = 0  # free blocks that still hold a reusable prefix (counted as free)
+    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache, since start
+    prefix_cache_hits: int = 0  # of those, tokens found
     deferrals: dict[str, int] = field(default_factory=dict)  # refused admissions by reason, since start
     last_step_duration_s: float = 0.0
 

@@ -1,4 +1,4 @@
-"""Token sampling for a whole step at once: greedy, temperature, top-k, top-p, per-request seeds.
+"""Token sampling for a whole step at once: penalties, greedy, temperature, top-k, top-p, min-p, per-request seeds.
 
 Random rows sample by the exponential race (argmax of p / E with E ~ Exp(1)), which equals drawing
 from p. Each seeded request draws its noise from its own generator, so its tokens do not depend on
@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
+from flotilla_server.engine.penalties import TokenHistory, apply_penalties
 from flotilla_server.engine.sampling_params import SamplingParams
 
 
@@ -19,8 +20,15 @@ def sample(
     params: Sequence[SamplingParams],
     generators: Sequence[torch.Generator | None],
     default_generator: torch.Generator | None = None,
+    histories: Sequence[TokenHistory] | None = None,
 ) -> list[int]:
-    """logits: [N, vocab] float32, row i for a request with `params[i]`. Returns N token ids."""
+    """logits: [N, vocab] float32, row i for a request with `params[i]`. Returns N token ids.
+
+    `histories` (each row's prompt and output token ids) is needed only when a row has penalties."""
+    if any(p.has_penalties for p in params):
+        if histories is None:
+            raise ValueError("penalties need each row's token history")
+        logits = apply_penalties(logits, params, histories)
     if all(p.greedy for p in params):
         return logits.argmax(dim=-1).tolist()
     device = logits.device
@@ -30,6 +38,9 @@ def sample(
     if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
         logits = _top_k_top_p(logits, params)
     probs = torch.softmax(logits, dim=-1)
+    if any(p.min_p > 0.0 for p in params):  # vLLM's min-p, on the probabilities after temperature
+        min_p = torch.tensor([p.min_p for p in params], dtype=probs.dtype, device=device).unsqueeze(1)
+        probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
     noise = torch.empty_like(probs).exponential_(generator=default_generator)
     for i, g in enumerate(generators):
         if g is not None and not params[i].greedy:

@@ -19,6 +19,11 @@ class SamplingParams:
     seed: int | None = None  # a seed makes the request's samples reproducible
     stop: tuple[str, ...] = field(default_factory=tuple)  # generation ends before any of these strings
     ignore_eos: bool = False  # keep generating past EOS (benchmarks)
+    presence_penalty: float = 0.0  # OpenAI's, in [-2, 2]; see engine/penalties.py
+    frequency_penalty: float = 0.0  # OpenAI's, in [-2, 2]
+    repetition_penalty: float = 1.0  # vLLM's, > 0; 1 changes nothing
+    min_p: float = 0.0  # vLLM's: drop tokens less likely than min_p x the likeliest, in [0, 1]
+    cache_salt: str | None = None  # prefix-cache tenant: requests with different salts never share KV blocks
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -33,8 +38,19 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0.0 < self.repetition_penalty <= 100.0:
+            raise ValueError(f"repetition_penalty must be in (0, 100] (1 disables it), got {self.repetition_penalty}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1] (0 disables it), got {self.min_p}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     @property
     def greedy(self) -> bool:

@@ -8,6 +8,10 @@ it out and hands the sampled tokens back to `update`. Rules (docs/architecture.m
   as taken.
 - A step: prefill chunks first (each at most `prefill_chunk`), then one decode row per running
   sequence, all under `max_num_batched_tokens`; decode rows are budgeted before prefills.
+- Prefix caching: an admitted sequence first takes the longest run of cached full blocks of its tokens
+  (always leaving its last token to compute, which yields the logits to sample) and prefills only the
+  rest; each block it fills completely is registered in the cache. Queries and hits are counted in
+  tokens, as vLLM does.
 - Blocks are taken on demand. When the pool is dry, the most recently admitted sequence is
   preempted by recompute and goes back to the head of the queue with its ticket. Sequences are
   served oldest first, so the oldest always progresses: no deadlock.
@@ -20,6 +24,7 @@ from collections import Counter, deque
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from flotilla_server.engine.block_hash import extend_hashes
 from flotilla_server.engine.kv_pool import BlockPool, blocks_for
 from flotilla_server.engine.sequence import Sequence, SequenceStatus
 from flotilla_server.engine.stopping import token_finish_reason
@@ -97,6 +102,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()  # ticket order; preempted sequences sit at the head
         self.running: list[Sequence] = []  # admission order; the last is the next victim
         self.preemptions = 0
+        self.prefix_cache_queries = 0  # tokens of sequences admitted while caching is on
+        self.prefix_cache_hits = 0  # of those, tokens found in the cache
         self.deferrals: Counter[str] = Counter({r: 0 for r in DEFERRAL_REASONS})
         self._tickets = itertools.count()
         self._by_id: dict[str, Sequence] = {}
@@ -108,22 +115,39 @@ class Scheduler:
         self._register(seq)
         self.waiting.append(seq)
 
-    def admission_block(self, num_tokens: int) -> str | None:
-        """Why a sequence of `num_tokens` cannot be admitted now ("no_slot", "no_blocks"), or None."""
+    def admission_block(self, num_tokens: int, num_shared_blocks: int = 0) -> str | None:
+        """Why a sequence of `num_tokens` cannot be admitted now ("no_slot", "no_blocks"), or None.
+
+        `num_shared_blocks`: cached blocks of its prefix that other sequences hold (they cost no free block).
+        """
         if len(self.running) >= self.max_num_seqs:
             return "no_slot"
         reserve = self.reserve_blocks if self.running else 0  # alone, a sequence needs no reserve
         available = self.pool.num_free_blocks - self._promised_blocks()
-        if self.pool.blocks_for(num_tokens) + reserve > available:
+        if self.pool.blocks_for(num_tokens) - num_shared_blocks + reserve > available:
             return "no_blocks"
         return None
+
+    def _admission_block_for(self, seq: Sequence) -> str | None:
+        hit = self._cache_hit(seq)
+        return self.admission_block(seq.num_tokens, len(hit) - self.pool.num_free_in(hit))
+
+    def _cache_hit(self, seq: Sequence) -> list[int]:
+        """The cached blocks `seq` would start from: full blocks only, and never its last token."""
+        if not self.pool.enable_caching:
+            return []
+        bs = self.pool.block_size
+        limit = (seq.num_tokens - 1) // bs
+        if len(seq.block_hashes) < limit:
+            extend_hashes(seq.block_hashes, seq.token_slice(0, limit * bs), bs, seq.params.cache_salt)
+        return self.pool.match_prefix(seq.block_hashes[:limit])
 
     def try_admit(self, seq: Sequence) -> str | None:
         """Admit a new request at once if it fits (the HTTP path); else count and return why not."""
         if self.waiting:  # preempted sequences go first; arrivals never overtake them
             reason = "no_slot" if len(self.running) >= self.max_num_seqs else "no_blocks"
         else:
-            reason = self.admission_block(seq.num_tokens)
+            reason = self._admission_block_for(seq)
         if reason is not None:
             self.deferrals[reason] += 1
             return reason
@@ -139,8 +163,25 @@ class Scheduler:
         self._by_id[seq.request_id] = seq
 
     def _start(self, seq: Sequence) -> None:
+        if self.pool.enable_caching:
+            hit = self.pool.take(self._cache_hit(seq))
+            seq.block_table = hit
+            seq.num_computed_tokens = seq.num_cached_tokens = len(hit) * self.pool.block_size
+            self.prefix_cache_queries += seq.num_tokens
+            self.prefix_cache_hits += seq.num_cached_tokens
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
+
+    def _register_full_blocks(self, seq: Sequence, start: int) -> None:
+        """Offer the cache every block that became full and computed since position `start`."""
+        bs = self.pool.block_size
+        first, end = start // bs, seq.num_computed_tokens // bs
+        if not self.pool.enable_caching or first >= end:
+            return
+        if len(seq.block_hashes) < end:
+            extend_hashes(seq.block_hashes, seq.token_slice(0, end * bs), bs, seq.params.cache_salt)
+        for i in range(first, end):
+            self.pool.register(seq.block_table[i], seq.block_hashes[i])
 
     def _promised_blocks(self) -> int:
         # prompt blocks of admitted sequences that prefill has not yet taken
@@ -151,7 +192,7 @@ class Scheduler:
     # --- a step ---------------------------------------------------------------------------------
 
     def schedule(self) -> StepPlan:
-        while self.waiting and self.admission_block(self.waiting[0].num_tokens) is None:
+        while self.waiting and self._admission_block_for(self.waiting[0]) is None:
             self._start(self.waiting.popleft())
 
         plan = StepPlan()
@@ -213,6 +254,7 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue
             seq.num_computed_tokens = chunk.context_len
+            self._register_full_blocks(seq, chunk.start)
             if token is None:
                 continue
             seq.output_token_ids.append(token)

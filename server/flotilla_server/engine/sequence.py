@@ -29,6 +29,8 @@ class Sequence:
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None  # "stop", "length", "abort"
     num_preemptions: int = 0
+    block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of its full blocks (block_hash.py)
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at its (last) admission
 
     @property
     def num_prompt_tokens(self) -> int:

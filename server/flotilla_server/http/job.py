@@ -14,3 +14,4 @@ class Job:
     prompt_token_ids: list[int]
     params: SamplingParams
     stream: bool
+    include_usage: bool = False  # stream_options.include_usage: a last chunk with the usage and no choices

@@ -37,6 +37,9 @@ class StateSnapshot:
     kv_blocks_total: int
     kv_blocks_used: int
     preemptions: int  # cumulative
+    kv_blocks_cached: int = 0  # free blocks still holding a reusable prefix
+    prefix_cache_queries: int = 0  # tokens, cumulative
+    prefix_cache_hits: int = 0  # tokens, cumulative
 
 
 class _StateCollector(Collector):
@@ -59,6 +62,8 @@ class _StateCollector(Collector):
         yield gauge(names.SLOTS, "Slots: sequences the engine runs at once (max_num_seqs).", s.slots)
         yield gauge(names.KV_BLOCKS_TOTAL, "KV-cache blocks in the pool.", s.kv_blocks_total)
         yield gauge(names.KV_BLOCKS_USED, "KV-cache blocks held by sequences.", s.kv_blocks_used)
+        yield gauge(names.KV_BLOCKS_CACHED, "Free KV-cache blocks still holding a reusable prefix (counted as free).",
+                    s.kv_blocks_cached)
         yield gauge(names.KV_CACHE_USAGE_RATIO, "KV-cache blocks used ÷ total, in [0, 1].", ratio)
         yield gauge(names.VLLM_REQUESTS_WAITING, "Gateway API Inference Extension: requests waiting.",
                     s.requests_waiting)
@@ -69,6 +74,15 @@ class _StateCollector(Collector):
         c = CounterMetricFamily(names.PREEMPTIONS, "Sequences preempted by recompute.", labels=[names.MODEL_LABEL])
         c.add_metric([self._model], s.preemptions)
         yield c
+        for name, doc, value in (
+            (names.PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries),
+            (names.PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache.", s.prefix_cache_hits),
+            (names.VLLM_PREFIX_CACHE_QUERIES, "vLLM's prefix-cache queries, in tokens.", s.prefix_cache_queries),
+            (names.VLLM_PREFIX_CACHE_HITS, "vLLM's prefix-cache hits, in tokens.", s.prefix_cache_hits),
+        ):
+            c = CounterMetricFamily(name, doc, labels=[names.MODEL_LABEL])
+            c.add_metric([self._model], value)
+            yield c
 
 
 class ServerMetrics:

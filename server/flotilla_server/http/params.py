@@ -8,6 +8,10 @@ from flotilla_server.http.schemas import _SamplingFields
 from flotilla_server.http.state import ServerState
 
 
+def include_usage(body: _SamplingFields) -> bool:
+    return body.stream and body.stream_options is not None and body.stream_options.include_usage
+
+
 def check_model(state: ServerState, model: str) -> None:
     if model != state.served_model_name:
         raise APIError(404, f"The model {model!r} does not exist here: this server serves "
@@ -16,15 +20,18 @@ def check_model(state: ServerState, model: str) -> None:
 
 
 def sampling_params(state: ServerState, body: _SamplingFields, num_prompt_tokens: int,
-                    max_tokens: int | None) -> SamplingParams:
+                    max_tokens: int | None, chat: bool = False) -> SamplingParams:
     if num_prompt_tokens == 0:
         raise APIError(400, "The prompt is empty after tokenization: send at least one token.", param="prompt")
     if max_tokens is None and num_prompt_tokens >= state.max_model_len:  # never ask to lower a field not sent
         raise APIError(400, f"The prompt ({num_prompt_tokens} tokens) fills the model's context of "
                             f"{state.max_model_len} tokens, leaving no room for an answer: shorten the prompt.",
                        param="prompt", code="context_length_exceeded")
-    if max_tokens is None:  # OpenAI's default, shortened to what the context has left
-        max_tokens = max(1, min(DEFAULT_MAX_TOKENS, state.max_model_len - num_prompt_tokens))
+    if max_tokens is None:
+        left = state.max_model_len - num_prompt_tokens
+        # chat: OpenAI sets no default, so the reply may take the whole context left; completions: 16,
+        # OpenAI's default, shortened to what the context has left
+        max_tokens = max(1, left if chat else min(DEFAULT_MAX_TOKENS, left))
     try:
         return SamplingParams(
             max_tokens=max_tokens,
@@ -34,6 +41,11 @@ def sampling_params(state: ServerState, body: _SamplingFields, num_prompt_tokens
             seed=body.seed,
             stop=body.stop_strings(),
             ignore_eos=body.ignore_eos,
+            cache_salt=body.cache_salt,
+            presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0,
+            repetition_penalty=body.repetition_penalty if body.repetition_penalty is not None else 1.0,
+            min_p=body.min_p or 0.0,
         )
     except ValueError as e:
         raise APIError(400, f"{e}: change that field and retry.") from None

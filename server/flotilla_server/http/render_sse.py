@@ -1,4 +1,4 @@
-"""A streamed answer: one SSE chunk per engine event, the last with finish_reason and usage, then [DONE].
+"""A streamed answer: one SSE chunk per engine event, the last with finish_reason, the usage chunk if asked, then [DONE].
 
 An abort or an engine failure after the stream started cannot change the status line any more: it ends
 the stream with an error chunk, then [DONE] (docs/architecture.md, "A request's path").
@@ -24,21 +24,21 @@ log = logging.getLogger("flotilla.server")
 async def sse_body(state: ServerState, job: Job, stream: RequestStream, outcome: Outcome,
                     arrival_s: float) -> AsyncIterator[bytes]:
     timing = Timing(state, arrival_s)
-    model, created, rid = state.served_model_name, int(time.time()), job.request_id
+    model, created, rid, iu = state.served_model_name, int(time.time()), job.request_id, job.include_usage
 
     if job.chat:
-        delta_chunk = sse.DeltaEncoder(lambda t: sse.chat_chunk(rid, created, model, {"content": t}))
+        delta_chunk = sse.DeltaEncoder(lambda t: sse.chat_chunk(rid, created, model, {"content": t}, None, iu))
     else:
-        delta_chunk = sse.DeltaEncoder(lambda t: sse.completion_chunk(rid, created, model, t))
+        delta_chunk = sse.DeltaEncoder(lambda t: sse.completion_chunk(rid, created, model, t, None, iu))
 
-    def chunk(text: str, finish_reason: str | None = None, u: dict[str, int] | None = None) -> bytes:
+    def chunk(text: str, finish_reason: str | None = None) -> bytes:
         if job.chat:
             delta = {"content": text} if text or finish_reason is None else {}
-            return sse.sse_event(sse.chat_chunk(rid, created, model, delta, finish_reason, u))
-        return sse.sse_event(sse.completion_chunk(rid, created, model, text, finish_reason, u))
+            return sse.sse_event(sse.chat_chunk(rid, created, model, delta, finish_reason, iu))
+        return sse.sse_event(sse.completion_chunk(rid, created, model, text, finish_reason, iu))
 
     if job.chat:
-        yield sse.sse_event(sse.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}))
+        yield sse.sse_event(sse.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}, None, iu))
     try:
         async for event in stream:
             timing.on_event(event)
@@ -52,8 +52,10 @@ async def sse_body(state: ServerState, job: Job, stream: RequestStream, outcome:
             if event.finish_reason is not None:
                 outcome.engine_done = True
                 timing.done()
-                u = sse.usage(event.num_prompt_tokens, event.num_output_tokens)
-                yield chunk(event.text, event.finish_reason, u)
+                yield chunk(event.text, event.finish_reason)
+                if iu:
+                    u = sse.usage(event.num_prompt_tokens, event.num_output_tokens)
+                    yield sse.sse_event(sse.usage_chunk(rid, created, model, job.chat, u))
                 yield sse.DONE
                 outcome.finish(200)
                 return

@@ -1,14 +1,18 @@
 """Request bodies of the OpenAI-compatible endpoints, validated by pydantic before anything reaches the engine.
 
-Unknown fields are refused rather than silently ignored, so a client relying on an unsupported option
-(``logprobs``, ``best_of``...) learns it at once. The ranges follow OpenAI's API reference.
+Fields beyond the declared ones go through `field_policy.apply_policy` first: ignored ones are dropped,
+refused and unknown ones get a 400 naming them, so a client relying on an unsupported option learns it at
+once. The ranges follow OpenAI's API reference.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from flotilla_server.http.errors import APIError
+from flotilla_server.http.field_policy import FieldRefused, apply_policy
 
 MAX_STOP_STRINGS = 4
 
@@ -29,12 +33,22 @@ class _SamplingFields(BaseModel):
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     top_k: Annotated[int, Field(ge=-1)] = Field(default=-1, description="-1 or 0 disables the top-k cut.")
     seed: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=100.0)] | None = Field(
+        default=None, description="vLLM's: >1 discourages tokens already in the prompt or output; 1 disables it."
+    )
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
+        default=None, description="vLLM's: drop tokens less likely than min_p times the likeliest; 0 disables it."
+    )
     stop: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_STRINGS)] | None = None
-    n: Annotated[int, Field(ge=1, le=1)] = Field(default=1, description="Only n=1 is supported.")
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     user: str | None = None
+    cache_salt: Annotated[str, Field(min_length=1)] | None = Field(
+        default=None, description="Prefix-cache tenant: requests with different salts never share cached KV blocks."
+    )
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> _SamplingFields:
@@ -50,12 +64,26 @@ class _SamplingFields(BaseModel):
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
 
 
+def _policy(endpoint: str, data: Any) -> Any:
+    if not isinstance(data, dict):
+        return data
+    try:
+        return apply_policy(endpoint, data)
+    except FieldRefused as e:  # not a ValueError for pydantic to wrap: the 400 names the field itself
+        raise APIError(400, f"{e}.", param=e.field, code="unsupported_field") from None
+
+
 class CompletionRequest(_SamplingFields):
     prompt: (
         Annotated[str, Field(min_length=1)]
         | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
         | Annotated[list[str], Field(min_length=1, max_length=1)]
     ) = Field(description="One prompt: a string, or a list of token ids.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _field_policy(cls, data: Any) -> Any:
+        return _policy("completions", data)
 
 
 class TextPart(BaseModel):
@@ -79,6 +107,11 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _field_policy(cls, data: Any) -> Any:
+        return _policy("chat", data)
 
     @model_validator(mode="after")
     def _one_max(self) -> ChatCompletionRequest:

@@ -34,6 +34,7 @@ class ServerSettings:
     queue_depth_per_slot: int = f.DEFAULT_QUEUE_DEPTH_PER_SLOT
     queue_timeout_s: float = f.DEFAULT_QUEUE_TIMEOUT_S
     drain_timeout_s: float = f.DEFAULT_DRAIN_TIMEOUT_S
+    prefix_caching: str = "on"
     dtype: str = "float32"
     device: str = "cpu"
     max_body_bytes: int = f.DEFAULT_MAX_BODY_BYTES
@@ -55,6 +56,8 @@ class ServerSettings:
             raise ValueError("--served-model-name is empty: give the name clients send as `model`, or leave it unset")
         if self.log_level.lower() not in f.LOG_LEVELS:
             raise ValueError(f"--log-level must be one of {', '.join(f.LOG_LEVELS)}, got {self.log_level!r}")
+        if self.prefix_caching not in f.PREFIX_CACHING:
+            raise ValueError(f"--prefix-caching must be one of {', '.join(f.PREFIX_CACHING)}, got {self.prefix_caching!r}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}")
         if self.load_timeout_s <= 0:
@@ -93,5 +96,5 @@ class ServerSettings:
             model=self.models[0] if not self.multi_model else "tiny", max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
             prefill_chunk=self.prefill_chunk, block_size=self.block_size, num_kv_blocks=self.num_kv_blocks,
             kv_cache_memory_bytes=kv_bytes, max_model_len=self.max_model_len,
-            dtype=self.dtype, device=self.device,
+            dtype=self.dtype, device=self.device, enable_prefix_caching=self.prefix_caching == "on",
         )

@@ -1,7 +1,9 @@
 """Server-sent events framing and the OpenAI chunk shapes, as pure functions.
 
-The stream contract: one ``data:`` event per chunk, sent as soon as it exists; the last chunk carries
-``finish_reason`` and ``usage``; then ``data: [DONE]``. A failure after the stream started is an error
+The stream contract: one ``data:`` event per chunk, sent as soon as it exists; the last choice chunk
+carries ``finish_reason``. With ``stream_options.include_usage``, as OpenAI does it, every chunk carries
+``"usage": null`` and one more chunk with empty ``choices`` carries the usage; without it no chunk has a
+``usage`` key. Then ``data: [DONE]``. A failure after the stream started is an error
 chunk, then ``[DONE]``: without a final event a clean end cannot be told from a dropped connection.
 """
 
@@ -25,24 +27,30 @@ def usage(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, int]:
 
 
 def _chunk(request_id: str, created: int, model: str, obj: str, choice: dict[str, Any],
-           usage_: dict[str, int] | None) -> dict[str, Any]:
+           include_usage: bool) -> dict[str, Any]:
     chunk: dict[str, Any] = {"id": request_id, "object": obj, "created": created, "model": model,
                              "choices": [{"index": 0, **choice}]}
-    if usage_ is not None:
-        chunk["usage"] = usage_
+    if include_usage:
+        chunk["usage"] = None  # OpenAI's shape: null on every chunk but the usage chunk
     return chunk
 
 
 def completion_chunk(request_id: str, created: int, model: str, text: str,
-                     finish_reason: str | None = None, usage_: dict[str, int] | None = None) -> dict[str, Any]:
+                     finish_reason: str | None = None, include_usage: bool = False) -> dict[str, Any]:
     return _chunk(request_id, created, model, "text_completion",
-                  {"text": text, "logprobs": None, "finish_reason": finish_reason}, usage_)
+                  {"text": text, "logprobs": None, "finish_reason": finish_reason}, include_usage)
 
 
 def chat_chunk(request_id: str, created: int, model: str, delta: dict[str, str],
-               finish_reason: str | None = None, usage_: dict[str, int] | None = None) -> dict[str, Any]:
+               finish_reason: str | None = None, include_usage: bool = False) -> dict[str, Any]:
     return _chunk(request_id, created, model, "chat.completion.chunk",
-                  {"delta": delta, "logprobs": None, "finish_reason": finish_reason}, usage_)
+                  {"delta": delta, "logprobs": None, "finish_reason": finish_reason}, include_usage)
+
+
+def usage_chunk(request_id: str, created: int, model: str, chat: bool, usage_: dict[str, int]) -> dict[str, Any]:
+    """The last chunk of a stream that asked for include_usage: no choices, only the usage."""
+    obj = "chat.completion.chunk" if chat else "text_completion"
+    return {"id": request_id, "object": obj, "created": created, "model": model, "choices": [], "usage": usage_}
 
 
 def completion_response(request_id: str, created: int, model: str, text: str, finish_reason: str,

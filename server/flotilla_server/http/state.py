@@ -72,6 +72,9 @@ class ServerState:
             kv_blocks_total=s.kv_blocks_total,
             kv_blocks_used=s.kv_blocks_used,
             preemptions=s.num_preemptions,
+            kv_blocks_cached=s.kv_blocks_cached,
+            prefix_cache_queries=s.prefix_cache_queries,
+            prefix_cache_hits=s.prefix_cache_hits,
         )
 
     @property

@@ -93,3 +93,14 @@ def test_stop_helpers() -> None:
     assert find_stop("hello world", ["lo"], search_from=6) is None
     assert partial_stop_len("abcab", ["abd", "bx"]) == 2
     assert partial_stop_len("abc", ["x"]) == 0
+
+
+def test_a_cut_in_the_middle_of_a_character_drops_the_incomplete_tail() -> None:
+    tok = build_tiny_tokenizer()
+    ids = tok.encode("🚀🚀🚀", add_special_tokens=False)
+    assert len(ids) > 3  # byte-level: each rocket spans several tokens
+    rocket_ids = len(tok.encode("🚀", add_special_tokens=False))
+    for cut in range(1, len(ids)):
+        detok = IncrementalDetokenizer(tok, [])
+        text = "".join(feed(detok, ids[:cut])) + detok.flush()
+        assert text == "🚀" * (cut // rocket_ids), (cut, text)

@@ -58,3 +58,47 @@ def test_top_k_and_top_p_cut_the_support() -> None:
     hot = sample(logits, [SamplingParams(temperature=100.0)] * n, [None] * n, make_generator(9))
     assert set(hot) == {0, 1, 2, 3, 4}  # a high temperature flattens the distribution
     assert not math.isnan(sum(hot))
+
+
+def _row(*values: float) -> torch.Tensor:
+    return torch.tensor([list(values)], dtype=torch.float32)
+
+
+def test_frequency_penalty_subtracts_per_occurrence_and_presence_penalty_once() -> None:
+    from flotilla_server.engine.penalties import apply_penalties
+
+    logits = _row(1.0, 1.0, 1.0, 1.0)
+    history = [([3], [0, 0, 0, 1])]  # token 0 three times and token 1 once in the output; 3 only in the prompt
+    got = apply_penalties(logits, [SamplingParams(frequency_penalty=0.5)], history)
+    assert got.tolist() == [[1.0 - 1.5, 1.0 - 0.5, 1.0, 1.0]]
+    got = apply_penalties(logits, [SamplingParams(presence_penalty=0.5)], history)
+    assert got.tolist() == [[0.5, 0.5, 1.0, 1.0]]
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits_of_seen_tokens() -> None:
+    from flotilla_server.engine.penalties import apply_penalties
+
+    logits = _row(2.0, -2.0, 2.0, -2.0)
+    got = apply_penalties(logits, [SamplingParams(repetition_penalty=2.0)], [([0], [1])])
+    assert got.tolist() == [[1.0, -4.0, 2.0, -2.0]]  # 0 (prompt) and 1 (output) penalized; 2 and 3 unseen
+
+
+def test_penalties_change_a_greedy_choice_as_defined_and_at_zero_change_nothing() -> None:
+    logits = _row(3.0, 2.5, 0.0)
+    history = [([], [0, 0])]  # the likeliest token already came twice
+    assert sample(logits, [SamplingParams(temperature=0.0)], [None], None, history) == [0]
+    zero = SamplingParams(temperature=0.0, frequency_penalty=0.0, presence_penalty=0.0, repetition_penalty=1.0)
+    assert sample(logits, [zero], [None], None, history) == [0]
+    assert sample(logits, [SamplingParams(temperature=0.0, frequency_penalty=0.3)], [None], None, history) == [1]
+    assert sample(logits, [SamplingParams(temperature=0.0, presence_penalty=0.6)], [None], None, history) == [1]
+    assert sample(logits, [SamplingParams(temperature=0.0, repetition_penalty=1.3)], [None], None, history) == [1]
+
+
+def test_min_p_never_samples_a_token_below_min_p_times_the_likeliest() -> None:
+    probs = torch.tensor([[0.5, 0.3, 0.15, 0.05]])
+    logits = probs.log().repeat(400, 1)
+    params = [SamplingParams(temperature=1.0, min_p=0.4)] * 400  # keeps p >= 0.2: tokens 0 and 1
+    got = sample(logits, params, [None] * 400, make_generator(5))
+    assert set(got) == {0, 1}
+    free = sample(logits, [SamplingParams(temperature=1.0)] * 400, [None] * 400, make_generator(5))
+    assert {2, 3} & set(free)  # without min_p the unlikely tokens do come

@@ -33,11 +33,13 @@ def test_sdk_completions_stream_equals_non_stream(server):
                                             stream_options={"include_usage": True}))
     streamed = "".join(c.choices[0].text for c in chunks if c.choices)
     assert streamed == whole.choices[0].text
-    last = chunks[-1]
-    assert last.choices[0].finish_reason == whole.choices[0].finish_reason == "length"
+    # include_usage as OpenAI sends it: usage null on every choice chunk, then one chunk of usage and no choices
+    last, finish = chunks[-1], chunks[-2]
+    assert last.choices == [] and all(c.usage is None for c in chunks[:-1])
+    assert finish.choices[0].finish_reason == whole.choices[0].finish_reason == "length"
     assert last.usage.completion_tokens == whole.usage.completion_tokens == 24
     assert last.usage.prompt_tokens == whole.usage.prompt_tokens > 0
-    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-2])
 
 
 def test_sdk_chat_stream_equals_non_stream(server):
@@ -51,7 +53,8 @@ def test_sdk_chat_stream_equals_non_stream(server):
     assert streamed == whole.choices[0].message.content
     last = chunks[-1]
     assert last.choices[0].finish_reason == whole.choices[0].finish_reason
-    assert last.usage.total_tokens == whole.usage.total_tokens
+    assert all(c.usage is None for c in chunks)  # not asked for: no usage, as OpenAI
+    assert whole.usage.total_tokens > 0
 
 
 def test_stop_string_ends_generation_before_it(server):
@@ -70,7 +73,8 @@ def test_chunks_arrive_incrementally(server):
     url = urlparse(server.base_url)
 
     async def go():
-        body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 64, "ignore_eos": True, "stream": True}
+        body = {"model": "tiny", "prompt": PROMPT, "max_tokens": 64, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}
         reader, writer = await raw_http.connect(url.hostname, url.port)
         writer.write(raw_http.request_bytes(url.hostname, url.port, "/v1/completions", body))
         sent = time.monotonic()
@@ -93,7 +97,7 @@ def test_64_concurrent_streams_complete(server):
 
     async def one(i: int):
         body = {"model": "tiny", "prompt": f"{PROMPT} {i}", "max_tokens": 32 + i % 16, "ignore_eos": True,
-                "stream": True, "temperature": 0.7, "seed": i}
+                "stream": True, "temperature": 0.7, "seed": i, "stream_options": {"include_usage": True}}
         return await raw_http.post(url.hostname, url.port, "/v1/completions", body)
 
     async def go():
@@ -103,9 +107,9 @@ def test_64_concurrent_streams_complete(server):
     for i, r in enumerate(results):
         assert r.status == 200, r.body
         assert r.done, f"stream {i} ended without [DONE]"
-        final = r.events[-1]
+        final, usage = r.events[-2], r.events[-1]
         assert final["choices"][0]["finish_reason"] == "length"
-        assert final["usage"]["completion_tokens"] == 32 + i % 16
+        assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 32 + i % 16
         assert not any("error" in e for e in r.events)
     assert server.metric("flotilla_kv_blocks_used") == 0
 

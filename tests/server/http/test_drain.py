@@ -30,7 +30,7 @@ def test_sigterm_drains_in_flight_streams(tmp_path):
 
             async def stream(i: int) -> raw_http.RawResponse:
                 body = {"model": "tiny", "prompt": f"stream {i}", "max_tokens": MAX_TOKENS, "ignore_eos": True,
-                        "stream": True}
+                        "stream": True, "stream_options": {"include_usage": True}}
                 reader, writer = await raw_http.connect(host, port)
                 writer.write(raw_http.request_bytes(host, port, "/v1/completions", body))
                 resp = await raw_http.read_head(reader, time.monotonic())
@@ -59,7 +59,7 @@ def test_sigterm_drains_in_flight_streams(tmp_path):
         assert health.status == 200  # alive while draining: liveness must not kill a draining pod
         for r in results:
             assert r.status == 200 and r.done
-            assert r.events[-1]["choices"][0]["finish_reason"] == "length"
+            assert r.events[-2]["choices"][0]["finish_reason"] == "length"
             assert r.events[-1]["usage"]["completion_tokens"] == MAX_TOKENS
         assert server.proc.wait(timeout=30) == 0
         assert "draining" in server.log()

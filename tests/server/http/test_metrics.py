@@ -15,6 +15,8 @@ EXPECTED = {
     "flotilla_request_duration_seconds": "histogram", "flotilla_queue_wait_seconds": "histogram",
     "flotilla_step_duration_seconds": "histogram", "flotilla_step_tokens": "histogram",
     "vllm:num_requests_waiting": "gauge", "vllm:num_requests_running": "gauge", "vllm:kv_cache_usage_perc": "gauge",
+    "flotilla_kv_blocks_cached": "gauge", "flotilla_prefix_cache_queries": "counter",
+    "flotilla_prefix_cache_hits": "counter", "vllm:prefix_cache_queries": "counter", "vllm:prefix_cache_hits": "counter",
 }
 
 

@@ -29,7 +29,7 @@ def slow_server(tmp_path_factory):
 async def _fast_itls_ms(host: str, port: int) -> list[float]:
     async def one(i: int):
         body = {"model": "tiny", "prompt": f"fast reader {i}", "max_tokens": FAST_TOKENS, "ignore_eos": True,
-                "stream": True}
+                "stream": True, "stream_options": {"include_usage": True}}
         return await raw_http.post(host, port, "/v1/completions", body)
 
     results = await asyncio.gather(*(one(i) for i in range(FAST_CLIENTS)))

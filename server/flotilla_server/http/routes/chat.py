@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 
 from fastapi import APIRouter, Request
@@ -10,7 +11,7 @@ from fastapi.responses import Response
 from flotilla_server.http.errors import APIError
 from flotilla_server.http.generation import generate
 from flotilla_server.http.job import Job
-from flotilla_server.http.params import check_model, sampling_params
+from flotilla_server.http.params import check_model, include_usage, sampling_params
 from flotilla_server.http.schemas import ChatCompletionRequest
 from flotilla_server.http.state import State
 from flotilla_server.model.tokenizer import ChatTemplateError
@@ -18,19 +19,29 @@ from flotilla_server.model.tokenizer import ChatTemplateError
 router = APIRouter(tags=["chat"])
 
 
+def template_reads_name(template: str | None) -> bool:
+    """Whether a chat template reads `message.name` / `message['name']` (so a message's name reaches the model)."""
+    return template is not None and re.search(r"""message(\.name\b|\[\s*['"]name['"]\s*\])""", template) is not None
+
+
 @router.post("/v1/chat/completions", responses={400: {}, 404: {}, 413: {}, 429: {}, 503: {}})
 async def create_chat_completion(body: ChatCompletionRequest, request: Request, state: State) -> Response:
     """Answer a conversation (OpenAI-compatible); with stream=true the answer is server-sent events."""
     check_model(state, body.model)
-    messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text()}
-                for m in body.messages]
+    named = [i for i, m in enumerate(body.messages) if m.name is not None]
+    if named and not template_reads_name(state.tokenizer.chat_template):
+        raise APIError(400, "messages[].name is not supported by this model: its chat template does not use "
+                            "a message's name; remove name (or put it in the content) and retry.",
+                       param=f"messages.{named[0]}.name", code="unsupported_field")
+    messages = [{"role": m.role if m.role != "developer" else "system", "content": m.text(),
+                 **({"name": m.name} if m.name is not None else {})} for m in body.messages]
     try:
         text = state.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     except ChatTemplateError as e:  # no template, or it refuses an order of roles
         raise APIError(400, f"{e}: check the messages' roles and order.", param="messages") from None
     prompt_ids = state.tokenizer.encode(text, add_special_tokens=False)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    params = sampling_params(state, body, len(prompt_ids), max_tokens)
+    params = sampling_params(state, body, len(prompt_ids), max_tokens, chat=True)
     job = Job(chat=True, request_id=f"chatcmpl-{uuid.uuid4().hex}", prompt_token_ids=prompt_ids,
-              params=params, stream=body.stream)
+              params=params, stream=body.stream, include_usage=include_usage(body))
     return await generate(request, state, job)

@@ -10,7 +10,7 @@ from fastapi.responses import Response
 from flotilla_server.http.errors import APIError
 from flotilla_server.http.generation import generate
 from flotilla_server.http.job import Job
-from flotilla_server.http.params import check_model, sampling_params
+from flotilla_server.http.params import check_model, include_usage, sampling_params
 from flotilla_server.http.schemas import CompletionRequest
 from flotilla_server.http.state import State
 
@@ -35,5 +35,5 @@ async def create_completion(body: CompletionRequest, request: Request, state: St
         prompt_ids = list(prompt)
     params = sampling_params(state, body, len(prompt_ids), body.max_tokens)
     job = Job(chat=False, request_id=f"cmpl-{uuid.uuid4().hex}", prompt_token_ids=prompt_ids,
-              params=params, stream=body.stream)
+              params=params, stream=body.stream, include_usage=include_usage(body))
     return await generate(request, state, job)

@@ -1,0 +1,120 @@
+"""Which OpenAI request fields this server honours, accepts and ignores, or refuses (docs/serving.md, "Field policy").
+
+Every field of the pinned `openai` SDK's request types gets one treatment, so that a client sending what
+OpenAI accepts is never refused for a field that changes nothing here, and never silently gets an answer
+that ignored a field that would have changed it:
+
+- supported: declared on the pydantic schema (`schemas.py`) and honoured;
+- ignored: accepted with a debug log line, because it changes nothing here (`metadata`, `store`, ...);
+- refused: a 400 naming the feature, because it would change the output and is not built here. A refused
+  field carrying its neutral value (`logprobs: false`, `tools: []`, `n: 1`, ...) changes nothing, so it is
+  accepted like an ignored one: many clients send those defaults on every request.
+
+Our own fields (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `cache_salt`) are listed apart. Any other field gets a 400 naming it.
+A test walks the SDK's types, so a field a newer SDK adds fails it until someone classifies it here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("flotilla.server")
+
+SUPPORTED_COMMON = frozenset(
+    {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "user",
+     "frequency_penalty", "presence_penalty"}
+)
+SUPPORTED = {
+    "completions": SUPPORTED_COMMON | {"prompt"},
+    "chat": SUPPORTED_COMMON | {"messages", "max_completion_tokens"},
+}
+OURS = frozenset({"top_k", "min_p", "repetition_penalty", "ignore_eos", "cache_salt"})  # beyond OpenAI's API, as vLLM names them
+
+# accepted and dropped: routing hints, storage and billing options of OpenAI's own platform
+IGNORED = {
+    "completions": frozenset(),
+    "chat": frozenset({
+        "metadata", "store", "service_tier", "safety_identifier", "parallel_tool_calls", "prediction",
+        "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
+    }),
+}
+
+
+def _none(v: Any) -> bool:
+    return v is None
+
+
+def _none_or(*neutral: Any) -> Callable[[Any], bool]:
+    return lambda v: v is None or v in neutral
+
+
+def _empty(v: Any) -> bool:
+    return v is None or v == [] or v == {}
+
+
+@dataclass(frozen=True)
+class Refused:
+    feature: str  # what the field asks for, in the words of the 400
+    is_neutral: Callable[[Any], bool]  # a value that changes nothing is accepted
+
+
+_SHARED_REFUSED = {
+    "n": Refused("several choices per request (n > 1)", _none_or(1)),
+    "logprobs": Refused("log-probabilities (logprobs)", _none_or(False, 0)),
+    "logit_bias": Refused("token biasing (logit_bias)", _empty),
+}
+REFUSED = {
+    "completions": {
+        **_SHARED_REFUSED,
+        "best_of": Refused("best_of (several candidates per choice)", _none_or(1)),
+        "echo": Refused("echoing the prompt (echo)", _none_or(False)),
+        "suffix": Refused("insertion after a suffix (suffix)", _none_or("")),
+    },
+    "chat": {
+        **_SHARED_REFUSED,
+        "top_logprobs": Refused("top log-probabilities (top_logprobs)", _none_or(0)),
+        "tools": Refused("tool calling (tools)", _empty),
+        "tool_choice": Refused("tool calling (tool_choice)", _none_or("none", "auto")),
+        "functions": Refused("function calling (functions)", _empty),
+        "function_call": Refused("function calling (function_call)", _none_or("none", "auto")),
+        "response_format": Refused("structured output (response_format)", lambda v: v is None or v == {"type": "text"}),
+        "audio": Refused("audio output (audio)", _none),
+        "modalities": Refused("output modalities other than text (modalities)", _none_or(["text"])),
+        "reasoning_effort": Refused("reasoning effort (reasoning_effort)", _none),
+        "verbosity": Refused("verbosity", _none_or("medium")),
+        "web_search_options": Refused("web search (web_search_options)", _none),
+        "moderation": Refused("moderation", _none),
+    },
+}
+
+
+class FieldRefused(ValueError):
+    """A field the policy refuses; its message names the feature and says what to change."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def apply_policy(endpoint: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """The body without its ignored fields (and neutral refused ones); raises FieldRefused for the rest."""
+    supported = SUPPORTED[endpoint] | OURS
+    kept: dict[str, Any] = {}
+    for name, value in body.items():
+        if name in supported:
+            kept[name] = value
+        elif name in IGNORED[endpoint]:
+            log.debug("ignoring %s=%r: it changes nothing on this server", name, value)
+        elif name in REFUSED[endpoint]:
+            rule = REFUSED[endpoint][name]
+            if not rule.is_neutral(value):
+                raise FieldRefused(name, f"{rule.feature} is not supported by this server: remove {name} "
+                                         "or send its default, and retry")
+            log.debug("ignoring %s=%r: its neutral value", name, value)
+        else:
+            raise FieldRefused(name, f"unknown field {name!r}: this server does not know it; remove it and retry "
+                                     "(see docs/serving.md, 'Field policy')")
+    return kept
