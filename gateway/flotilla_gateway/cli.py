@@ -40,9 +40,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--api-keys-file", metavar="PATH",
                    help="YAML/JSON file mapping each API key to {tenant, models} (a mounted Secret); "
                         "when set, every request needs 'Authorization: Bearer <key>'.")
-    p.add_argument("--salt-cache-by-tenant", action="store_true",
-                   help="With API keys, set every request's cache_salt to its tenant (a client's own cache_salt "
-                        "is always replaced); needs servers that accept cache_salt (prefix caching).")
+    p.add_argument("--salt-cache-by-tenant", action=argparse.BooleanOptionalAction, default=True,
+                   help="With API keys, set every request's cache_salt to its tenant, so tenants never share "
+                        "prefix-cache blocks (a client's own cache_salt is always replaced). Default: on.")
     p.add_argument("--upstream-api-key-file", metavar="PATH",
                    default=os.environ.get("FLOTILLA_UPSTREAM_API_KEY_FILE"),
                    help="File holding the key the servers were started with (flotilla-server --api-key, a mounted "
