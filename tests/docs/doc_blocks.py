@@ -46,7 +46,7 @@ class Block:
 
 def doc_files() -> list[Path]:
     docs = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-    return [*docs, *sorted((ROOT / "examples").glob("*")), *sorted((ROOT / "deploy").glob("*.yaml")),
+    return [*docs, *sorted(p for p in (ROOT / "examples").rglob("*") if p.is_file()), *sorted((ROOT / "deploy").glob("*.yaml")),
             ROOT / "charts" / "flotilla" / "templates" / "NOTES.txt"]
 
 
