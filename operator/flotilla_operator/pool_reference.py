@@ -94,6 +94,7 @@ Each pool pass (every change, and every `--drift-interval-s`) asks each running 
 `status.residentCount` (the `Resident` column) and each member's `status.residentPods`. A pod that does not
 answer holds nothing until it answers again.
 
+<!-- docs-test: needs a cluster -->
 ```console
 kubectl apply -f examples/pool/
 kubectl get mp,im
