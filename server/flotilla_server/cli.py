@@ -79,14 +79,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     # 25 % slower (3.9k against 5.1k output tokens/s on tiny), the engine and the loop fighting for a core.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) - 1)))
     # heavy imports (torch) only once the flags are valid
+    from flotilla_server.engine.client import EngineStartError
     from flotilla_server.engine.factory import build_engine
+    from flotilla_server.engine.messages import EngineOptions
     from flotilla_server.http.serve import ServedModel, configure_logging, serve
 
     configure_logging(settings)
-    engine, loaded, max_model_len = build_engine(settings.engine_config())
+    try:
+        engine, info = build_engine(settings.engine_config(), settings.engine_mode,  # type: ignore[arg-type]
+                                    EngineOptions(log_level=settings.log_level))
+    except (EngineStartError, ValueError, FileNotFoundError) as e:
+        print(f"flotilla-server: error: {e}", file=sys.stderr, flush=True)
+        return 2
     model = ServedModel(
-        name=settings.served_model_name or loaded.name, tokenizer=loaded.tokenizer, vocab_size=loaded.config.vocab_size,
-        max_model_len=max_model_len, description=loaded.description, is_demonstration=loaded.is_demonstration,
+        name=settings.served_model_name or info.name, tokenizer=info.tokenizer, vocab_size=info.vocab_size,
+        max_model_len=info.max_model_len, description=info.description, is_demonstration=info.is_demonstration,
     )
     return serve(settings, engine, model)
 

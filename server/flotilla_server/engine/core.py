@@ -1,17 +1,16 @@
 """EngineCore: the synchronous engine. One `step()` schedules, runs the model once, and reports.
 
 It wires policy (Scheduler) to mechanism (BlockPool, ModelRunner) and adds what only text can
-decide: detokenization and stop strings. A lock guards the scheduler's state so that another
-thread may admit or abort while a step's forward pass runs (EngineClient); the forward pass itself
-runs outside the lock. Blocks freed by an abort are reused only by a later `schedule()`, after the
-forward pass that may still write them has finished.
+decide: detokenization and stop strings. It has one writer and no lock: the engine loop
+(engine/loop.py) applies admissions and aborts only between steps, never between a step's plan and
+its execution, so a plan's block tables stay valid until the forward pass that reads them is done
+(docs/architecture.md, "Engine").
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from flotilla_server.engine.config import EngineConfig
 from flotilla_server.engine.detokenizer import IncrementalDetokenizer
@@ -58,10 +57,10 @@ class EngineCore:
             self.pool, config.max_num_seqs, config.max_num_batched_tokens, config.prefill_chunk, self.eos_token_ids
         )
         self.runner = ModelRunner(self.loaded.model, kv, config.device, config.seed)
-        self.lock = threading.Lock()  # guards scheduler, pool and detokenizers
         self._detokenizers: dict[str, IncrementalDetokenizer] = {}
         self._listeners: list[StepListener] = []
         self._last_step_s = 0.0
+        self.last_record: StepRecord | None = None
 
     # --- requests -------------------------------------------------------------------------------
 
@@ -79,28 +78,25 @@ class EngineCore:
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
         """Queue a request; it is admitted when it fits. Raises ValueError if it never can."""
         seq = self._new_sequence(request_id, prompt_token_ids, params)
-        with self.lock:
-            self.scheduler.add(seq)
-            self._detokenizers[request_id] = self._detokenizer(seq)
+        self.scheduler.add(seq)
+        self._detokenizers[request_id] = self._detokenizer(seq)
 
     def try_admit(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> str | None:
         """Admit now if a slot and blocks (prompt plus reserve) are free; else why not ("no_slot", "no_blocks")."""
         seq = self._new_sequence(request_id, prompt_token_ids, params)
-        with self.lock:
-            reason = self.scheduler.try_admit(seq)
-            if reason is None:
-                self._detokenizers[request_id] = self._detokenizer(seq)
-            return reason
+        reason = self.scheduler.try_admit(seq)
+        if reason is None:
+            self._detokenizers[request_id] = self._detokenizer(seq)
+        return reason
 
     def _detokenizer(self, seq: Seq) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self.loaded.tokenizer, seq.prompt_token_ids, seq.params.stop)
 
     def abort(self, request_id: str) -> bool:
         """Cancel a request and free its blocks now; False if it is unknown or already finished."""
-        with self.lock:
-            seq = self.scheduler.abort(request_id)
-            self._forget(request_id)
-            return seq is not None
+        seq = self.scheduler.abort(request_id)
+        self._forget(request_id)
+        return seq is not None
 
     def _forget(self, request_id: str) -> None:
         self._detokenizers.pop(request_id, None)
@@ -111,32 +107,34 @@ class EngineCore:
 
     # --- a step ---------------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
+    def step(self, after_schedule: Callable[[], None] | None = None) -> list[RequestOutput]:
+        """One step. `after_schedule` (tests) runs between the plan and its execution."""
         start = time.perf_counter()
-        with self.lock:
-            plan = self.scheduler.schedule()
+        plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
+        if after_schedule is not None:
+            after_schedule()
         result = self.runner.execute(plan)
-        with self.lock:
-            changed = self.scheduler.update(plan, result.sampled_token_ids)
-            outputs = [self._output(seq) for seq in changed]
-            held, allocated = self.scheduler.kv_positions()
-            record = StepRecord(
-                duration_s=time.perf_counter() - start,
-                forward_s=result.forward_s,
-                num_tokens=plan.num_tokens,
-                num_prefill_tokens=plan.num_prefill_tokens,
-                num_decode_seqs=plan.num_decode_seqs,
-                num_prefill_seqs=len(plan.chunks) - plan.num_decode_seqs,
-                num_running=len(self.scheduler.running),
-                num_waiting=len(self.scheduler.waiting),
-                num_preempted=len(plan.preempted),
-                kv_blocks_used=self.pool.num_used_blocks,
-                kv_positions_held=held,
-                kv_positions_allocated=allocated,
-            )
+        changed = self.scheduler.update(plan, result.sampled_token_ids)
+        outputs = [self._output(seq) for seq in changed]
+        held, allocated = self.scheduler.kv_positions()
+        record = StepRecord(
+            duration_s=time.perf_counter() - start,
+            forward_s=result.forward_s,
+            num_tokens=plan.num_tokens,
+            num_prefill_tokens=plan.num_prefill_tokens,
+            num_decode_seqs=plan.num_decode_seqs,
+            num_prefill_seqs=len(plan.chunks) - plan.num_decode_seqs,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            num_preempted=len(plan.preempted),
+            kv_blocks_used=self.pool.num_used_blocks,
+            kv_positions_held=held,
+            kv_positions_allocated=allocated,
+        )
         self._last_step_s = record.duration_s
+        self.last_record = record
         for listener in self._listeners:
             listener(record)
         return outputs
@@ -165,14 +163,13 @@ class EngineCore:
         self._listeners.append(listener)
 
     def stats(self) -> EngineStats:
-        with self.lock:
-            return EngineStats(
-                num_waiting=len(self.scheduler.waiting),
-                num_running=len(self.scheduler.running),
-                num_slots=self.scheduler.max_num_seqs,
-                kv_blocks_used=self.pool.num_used_blocks,
-                kv_blocks_total=self.pool.num_blocks,
-                num_preemptions=self.scheduler.preemptions,
-                deferrals=dict(self.scheduler.deferrals),
-                last_step_duration_s=self._last_step_s,
-            )
+        return EngineStats(
+            num_waiting=len(self.scheduler.waiting),
+            num_running=len(self.scheduler.running),
+            num_slots=self.scheduler.max_num_seqs,
+            kv_blocks_used=self.pool.num_used_blocks,
+            kv_blocks_total=self.pool.num_blocks,
+            num_preemptions=self.scheduler.preemptions,
+            deferrals=dict(self.scheduler.deferrals),
+            last_step_duration_s=self._last_step_s,
+        )

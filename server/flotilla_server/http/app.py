@@ -1,4 +1,4 @@
-"""The FastAPI application: routers, error handlers, the body guard, and the start/stop of the admission driver."""
+"""The FastAPI application: routers, error handlers, the body guard, and the hooks into the engine client."""
 
 from __future__ import annotations
 
@@ -17,9 +17,6 @@ from flotilla_server.http.state import ServerState
 def create_app(state: ServerState, max_body_bytes: int) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        state.admission.start()
-        # the coalescing capacity signal: every step (and so every finish and abort) wakes the driver
-        state.engine.add_step_listener(state.admission.signal_capacity)
         state.engine.add_step_listener(
             lambda record: state.metrics.observe_step(record.duration_s, record.num_tokens))
         state.engine.add_abort_listener(state.on_abort)
@@ -28,7 +25,6 @@ def create_app(state: ServerState, max_body_bytes: int) -> FastAPI:
             yield
         finally:
             state.ready = False
-            await state.admission.stop()
 
     app = FastAPI(
         title="flotilla-server",

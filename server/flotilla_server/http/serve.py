@@ -4,6 +4,9 @@ Drain: the first SIGTERM (or SIGINT) turns /readyz to 503 and refuses new reques
 listening socket stays open (a closed socket would look like a crash to clients and load balancers);
 in-flight requests get --drain-timeout-s to finish, then uvicorn stops and the process exits 0.
 A second signal exits at once.
+
+If the engine dies, /readyz turns 503 at once (ServerState.accepting), the requests in flight end with an
+engine_error, and the process exits 1 so that Kubernetes restarts it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class DrainingServer(uvicorn.Server):
         self._drain_timeout_s = drain_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self.drained_cleanly: bool | None = None
+        self.engine_died = False
 
     async def startup(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
         self._loop = asyncio.get_running_loop()
@@ -59,6 +63,19 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+    def on_engine_death(self, what: str) -> None:
+        """Engine death listener (any thread): the streams already ended with engine_error; flush, then exit 1."""
+        self.engine_died = True
+        if self._loop is None:
+            self.should_exit = True
+            return
+        self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._exit_after_flush()))  # type: ignore[union-attr]
+
+    async def _exit_after_flush(self) -> None:
+        await self._state.wait_idle(_CUT_OFF_FLUSH_S)
+        self.should_exit = True
+
+
 def curl_example(settings: ServerSettings, model_name: str) -> str:
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
     return (
@@ -73,20 +90,20 @@ def configure_logging(settings: ServerSettings) -> None:
 
 
 def serve(settings: ServerSettings, engine: EngineClient, model: ServedModel) -> int:
-    """Serve until drained; shuts the (started) engine down on the way out."""
+    """Serve until drained (0) or the engine dies (1); shuts the (started) engine down on the way out."""
     name = model.name
     state = ServerState(
         engine=engine, tokenizer=model.tokenizer, served_model_name=name, max_model_len=model.max_model_len,
         vocab_size=model.vocab_size, model_description=model.description,
         admission=AdmissionQueue(
-            engine, depth=settings.queue_capacity,
-            max_overtakes=settings.max_num_seqs, queue_timeout_s=settings.queue_timeout_s,
+            engine, depth=settings.queue_capacity, queue_timeout_s=settings.queue_timeout_s,
         ),
     )
     app = create_app(state, settings.max_body_bytes)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_graceful_shutdown=1, access_log=False, http=BoundedH11Protocol)
     server = DrainingServer(config, state, settings.drain_timeout_s)
+    engine.add_death_listener(server.on_engine_death)
     if model.is_demonstration:
         print(f"NOTE: {model.description}", flush=True)
     print(f"flotilla-server: serving {name!r} on http://{settings.host}:{settings.port}; try:\n"
@@ -95,4 +112,7 @@ def serve(settings: ServerSettings, engine: EngineClient, model: ServedModel) ->
         server.run()
     finally:
         engine.shutdown()
+    if server.engine_died:
+        log.error("the engine died: exiting 1 so that the server is restarted")
+        return 1
     return 0
