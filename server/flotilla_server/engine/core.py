@@ -9,45 +9,51 @@ its execution, so a plan's block tables stay valid until the forward pass that r
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 
+import torch
+
 from flotilla_server.engine.config import EngineConfig
 from flotilla_server.engine.detokenizer import IncrementalDetokenizer
-from flotilla_server.engine.kv_pool import BlockPool, blocks_for
+from flotilla_server.engine.kv_pool import BlockPool
+from flotilla_server.engine.memory_facts import host_capacity_bytes, profile_step_bytes, weights_bytes
 from flotilla_server.engine.model_runner import ModelRunner
 from flotilla_server.engine.outputs import EngineStats, RequestOutput, StepListener, StepRecord
+from flotilla_server.engine.pool_sizing import MemoryFacts, plan_pool
 from flotilla_server.engine.sampling_params import SamplingParams
 from flotilla_server.engine.scheduler import Scheduler, infeasible_reason
 from flotilla_server.engine.sequence import Sequence as Seq
 from flotilla_server.model import KVCacheTensors, LoadedModel, load_model
 from flotilla_server.model.loader import torch_dtype
 
-
-def resolve_num_blocks(config: EngineConfig, max_model_len: int, bytes_per_block: int) -> int:
-    """Pool size: --num-kv-blocks, else --kv-cache-memory, else every slot at max_model_len."""
-    if config.num_kv_blocks is not None:
-        return config.num_kv_blocks
-    if config.kv_cache_memory_bytes is not None:
-        n = config.kv_cache_memory_bytes // bytes_per_block
-        if n < 1:
-            raise ValueError(
-                f"kv_cache_memory_bytes={config.kv_cache_memory_bytes} is less than one KV block "
-                f"({bytes_per_block} bytes); give the KV cache more memory"
-            )
-        return n
-    return config.max_num_seqs * blocks_for(max_model_len, config.block_size)
+log = logging.getLogger("flotilla.engine")
 
 
 class EngineCore:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
+        sized_from_memory = config.num_kv_blocks is None and config.kv_cache_memory_bytes is None
+        on_gpu = config.device != "cpu"
+        # host memory is read before the weights load, so that they are subtracted once
+        host_bytes = host_capacity_bytes() if sized_from_memory and not on_gpu else 0
         self.loaded = loaded or load_model(config.model, config.dtype, config.device)
         mc = self.loaded.config
-        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings, mc.max_position_embeddings)
         dtype = torch_dtype(config.dtype)
         per_block = KVCacheTensors.bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, dtype)
-        num_blocks = resolve_num_blocks(config, self.max_model_len, per_block)
+        facts = MemoryFacts(on_gpu, host_bytes, weights_bytes(self.loaded.model))
+        if sized_from_memory and on_gpu:
+            facts = self._gpu_facts(facts, dtype)
+        plan = plan_pool(
+            num_kv_blocks=config.num_kv_blocks, kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+            gpu_memory_utilization=config.gpu_memory_utilization, max_num_seqs=config.max_num_seqs,
+            block_size=config.block_size, requested_max_model_len=config.max_model_len,
+            model_context=mc.max_position_embeddings, bytes_per_block=per_block, facts=facts,
+        )
+        log.info("%s", plan.describe(config.block_size, per_block))
+        self.max_model_len = plan.max_model_len
+        num_blocks = plan.num_blocks
         self.pool = BlockPool(num_blocks, config.block_size)
         kv = KVCacheTensors.allocate(
             mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype, config.device
@@ -61,6 +67,17 @@ class EngineCore:
         self._listeners: list[StepListener] = []
         self._last_step_s = 0.0
         self.last_record: StepRecord | None = None
+
+    def _gpu_facts(self, facts: MemoryFacts, dtype: torch.dtype) -> MemoryFacts:
+        """Profile one step at max_num_batched_tokens; everything else on the device is someone else's."""
+        mc = self.loaded.config
+        device = torch.device(self.config.device)
+        num_tokens = min(self.config.max_num_batched_tokens, mc.max_position_embeddings)
+        activation = profile_step_bytes(self.loaded.model, num_tokens, self.config.max_num_seqs, self.config.block_size,
+                                        (mc.num_layers, mc.num_kv_heads, mc.head_dim), dtype, device)
+        free, total = torch.cuda.mem_get_info(device)
+        others = max(0, total - free - facts.weights_bytes)
+        return MemoryFacts(True, total, facts.weights_bytes, activation, others)
 
     # --- requests -------------------------------------------------------------------------------
 

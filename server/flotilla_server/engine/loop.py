@@ -112,7 +112,8 @@ class EngineLoop:
     # --- one turn -----------------------------------------------------------------------------------
 
     def has_work(self) -> bool:
-        return self.core.has_unfinished()
+        # a waiter with nothing running always fits (a feasible request alone needs no reserve): no busy loop
+        return self.core.has_unfinished() or bool(self._waiting)
 
     def turn(self, wait_for_message: Callable[[float], bool]) -> EngineUpdate | None:
         """Admit whoever fits, run one step if anything runs; None if nothing changed."""
