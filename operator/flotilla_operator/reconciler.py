@@ -18,6 +18,7 @@ import pydantic
 
 from flotilla_operator import metrics, rfc3339, types
 from flotilla_operator.apply import execute, observe
+from flotilla_operator.deprecations import deprecations
 from flotilla_operator.events import object_ref, post_event
 from flotilla_operator.kube import KubeClient
 from flotilla_operator.manifests import (
@@ -96,13 +97,22 @@ async def reconcile(ctx: Context, body: dict[str, Any], logger: logging.Logger |
         if problem.message not in old_messages:
             logger.info(f"cannot honour the spec: {problem.message}")
             await post_event(ctx.kube, ref, "Warning", problem.reason, problem.message)
+    old_deprecations = _condition_message(previous, "Deprecated")
+    for message in deprecations(spec):  # once per object: the Deprecated condition remembers it
+        if message not in old_deprecations:
+            logger.info(message)
+            await post_event(ctx.kube, ref, "Warning", "DeprecatedField", message)
+
+
+def _condition_message(status: dict[str, Any] | None, type_: str) -> str:
+    for condition in (status or {}).get("conditions") or []:
+        if condition.get("type") == type_ and condition.get("status") == "True":
+            return condition.get("message", "")
+    return ""
 
 
 def _problem_messages(status: dict[str, Any] | None) -> str:
-    for condition in (status or {}).get("conditions") or []:
-        if condition.get("type") == "Degraded" and condition.get("status") == "True":
-            return condition.get("message", "")
-    return ""
+    return _condition_message(status, "Degraded")
 
 
 def _known_problems(status: dict[str, Any] | None) -> list[Problem]:
@@ -128,9 +138,10 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
         try:
             spec = types.parse_spec(obj.get("spec") or {})
             desired, max_replicas, served_name = desired_replicas(spec), spec.scaling.max_replicas, spec.model.name
+            deprecated = tuple(deprecations(spec))
         except pydantic.ValidationError:
             desired, max_replicas = int((obj.get("spec") or {}).get("replicas") or 0), 0
-            served_name = name
+            served_name, deprecated = name, ()
         deployment = await ctx.kube.get("apps/v1", "deployments", namespace, name)
         generation = applied_generation or previous.get("observedGeneration") or obj["metadata"].get("generation", 1)
         observed = Observed(
@@ -139,6 +150,7 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
             deployment=deployment,
             problems=tuple(_known_problems(previous) if problems is None else problems),
             previous_status=previous,
+            deprecations=deprecated,
         )
         new = compute_status(observed, endpoint(name, namespace), pod_selector_string(name), rfc3339.now())
         # label `model` is the served name, as on the servers' own metrics, so dashboards can join them
