@@ -221,7 +221,7 @@ class ServerSpec(ApiModel):
     )
     kv_cache_memory_fraction: float | None = Field(
         None,
-        description="Deprecated, use gpuMemoryUtilization (accepted for one release, with a Warning event). The share of memory given to the KV cache alone: of resources.gpuMemory per GPU, or of resources.memory on CPU. Ignored when gpuMemoryUtilization is set.",
+        description="kvCacheMemoryFraction is deprecated: use gpuMemoryUtilization (it is accepted for one release, with a Warning event). It is the share of memory given to the KV cache alone: of resources.gpuMemory per GPU, or of resources.memory on CPU. Ignored when gpuMemoryUtilization is set.",
         gt=0,
         le=1,
     )

@@ -91,6 +91,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (EngineStartError, ValueError, FileNotFoundError) as e:
         print(f"flotilla-server: error: {e}", file=sys.stderr, flush=True)
         return 2
+    if settings.engine_mode == "process":
+        print(f"flotilla-server: the engine runs in process {info.pid}", flush=True)
     model = ServedModel(
         name=settings.served_model_name or info.name, tokenizer=info.tokenizer, vocab_size=info.vocab_size,
         max_model_len=info.max_model_len, description=info.description, is_demonstration=info.is_demonstration,

@@ -28,6 +28,7 @@ from flotilla_server.http.state import ServedModel, ServerState
 log = logging.getLogger("flotilla.server")
 
 _CUT_OFF_FLUSH_S = 0.5  # after a drain timeout, time for cut-off streams to send their last chunk
+_ENGINE_DEATH_GRACE_S = 1.0  # after the engine died: /readyz answers 503 this long before the process exits
 
 
 class DrainingServer(uvicorn.Server):
@@ -72,7 +73,7 @@ class DrainingServer(uvicorn.Server):
         self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._exit_after_flush()))  # type: ignore[union-attr]
 
     async def _exit_after_flush(self) -> None:
-        await self._state.wait_idle(_CUT_OFF_FLUSH_S)
+        await asyncio.gather(self._state.wait_idle(_ENGINE_DEATH_GRACE_S), asyncio.sleep(_ENGINE_DEATH_GRACE_S))
         self.should_exit = True
 
 
