@@ -58,3 +58,12 @@ def test_top_k_and_top_p_cut_the_support() -> None:
     hot = sample(logits, [SamplingParams(temperature=100.0)] * n, [None] * n, make_generator(9))
     assert set(hot) == {0, 1, 2, 3, 4}  # a high temperature flattens the distribution
     assert not math.isnan(sum(hot))
+
+
+def test_a_tiny_temperature_is_greedy_not_nan() -> None:
+    logits = torch.randn(4, 50, generator=make_generator(21))
+    for temperature in (1e-40, 1e-6):
+        params = [SamplingParams(temperature=temperature)] * 4
+        assert all(p.greedy for p in params)
+        assert sample(logits, params, [None] * 4, make_generator(1)) == logits.argmax(-1).tolist()
+    assert not SamplingParams(temperature=1e-4).greedy
