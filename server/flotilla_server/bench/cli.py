@@ -14,6 +14,7 @@ import sys
 COMMANDS = {
     "offline": ("flotilla_server.bench.offline", "engine throughput: continuous, static, sequential, transformers"),
     "online": ("flotilla_server.bench.online", "load an OpenAI-compatible server and report latencies"),
+    "modes": ("flotilla_server.bench.engine_modes", "the engine in its own process against on a thread, over HTTP"),
 }
 
 

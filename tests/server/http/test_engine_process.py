@@ -69,6 +69,7 @@ def test_a_killed_engine_makes_readyz_503_fails_the_streams_and_exits_1(tmp_path
         started.wait(timeout=60)
         os.kill(engine, signal.SIGKILL)
         wait_until(lambda: httpx.get(f"{s.base_url}/readyz", timeout=5).status_code == 503, 5, "/readyz stayed 200")
+        assert httpx.get(f"{s.base_url}/readyz", timeout=5).json() == {"status": "engine_dead"}
         for t in threads:
             t.join(timeout=20)
             assert not t.is_alive(), "a stream hung after the engine died"
