@@ -16,8 +16,8 @@ from flotilla_server.engine.sampling_params import SamplingParams
 from tests.support.engine_hooks import pause_at_step
 from tests.support.hf_models import random_prompts
 
-from .conftest import DEVICE, make_engine as make_core
-from .conftest import run_to_completion
+from .conftest import DEVICE, run_to_completion
+from .conftest import make_engine as make_core
 
 GREEDY = SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True)
 
@@ -161,3 +161,13 @@ async def test_an_abort_between_plan_and_execute_leaves_the_others_exact(llama, 
         assert tokens(results[rid]) == solo[rid]
     assert engine.alive
     await until(lambda: engine.stats().kv_blocks_used == 0 and engine.stats().num_running == 0)
+
+
+async def test_two_engine_processes_in_one_server_and_one_shut_down_frees_its_process(llama, engine_factory) -> None:
+    first, second = engine_factory("process"), engine_factory("process", options=EngineOptions(nice=5, num_threads=1))
+    assert first.pid != second.pid and first.pid != 0
+    second.shutdown()
+    assert not Path(f"/proc/{second.pid}").exists() or "Z" in Path(f"/proc/{second.pid}/stat").read_text().split()[2]
+    assert not second.alive and first.alive
+    events = await collect(first.submit("a", [1, 2, 3], GREEDY, asyncio.get_running_loop()))
+    assert events[-1].finish_reason == "length"
