@@ -6,8 +6,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 HELM := .tools/bin/helm
+# the default model of `make run`: SmolLM2-135M-Instruct (see docs/models.md), fetched once by scripts/fetch_smollm2.py
+MODEL_CACHE := $(or $(FLOTILLA_CACHE_DIR),$(HOME)/.cache/flotilla)/models
+SMOLLM2 := $(MODEL_CACHE)/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: setup tools run test lint bench generate clean
+.PHONY: setup tools model run test lint bench generate sim clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,19 +30,32 @@ tools: $(HELM)
 $(HELM): scripts/install-helm.sh | $(STAMP)
 	scripts/install-helm.sh $(dir $(HELM))
 
-run: setup
-	$(VENV)/bin/flotilla-server --model tiny --host 127.0.0.1 --port 8000
+# model: the GGUF of `make run` and of the SmolLM2 tests; downloads once, then only checks the sha256.
+model: setup
+	$(PY) scripts/fetch_smollm2.py >/dev/null
+
+# The pool is sized explicitly: with the model's 8192-token context, the default (every slot at full
+# context) would be 64 x 8192 tokens x 45 KiB, about 24 GB. 2048 tokens and a 1 GiB pool (about
+# 23,000 tokens) fit any laptop.
+run: setup model
+	$(VENV)/bin/flotilla-server --model $(SMOLLM2) --max-model-len 2048 --kv-cache-memory 1Gi \
+	  --host 127.0.0.1 --port 8000
 
 # lint: ruff, then the import contracts of .importlinter (the layers of docs/architecture.md)
 lint: setup
 	$(VENV)/bin/ruff check .
-	PYTHONPATH="$(CURDIR)/contract:$(CURDIR)/server:$(CURDIR)/operator$${PYTHONPATH:+:$$PYTHONPATH}" $(VENV)/bin/lint-imports
+	PYTHONPATH="$(CURDIR)/contract:$(CURDIR)/server:$(CURDIR)/operator:$(CURDIR)/gateway:$(CURDIR)/sim$${PYTHONPATH:+:$$PYTHONPATH}" $(VENV)/bin/lint-imports
 
-test: setup tools lint
+test: setup tools lint model
 	PATH="$(CURDIR)/.tools/bin:$$PATH" $(VENV)/bin/pytest
 
 bench: setup
 	$(VENV)/bin/flotilla-bench offline --json docs/bench/offline.json --plot docs/bench/offline.png
+	$(PY) -m flotilla_gateway.bench.overhead --json docs/bench/gateway_overhead.json
+
+# sim: the fleet-scale run of docs/simulation.md (1,000 models, 10,000 GPUs, one day, six policies); not a test
+sim: setup
+	$(VENV)/bin/flotilla-sim fleet --trace conv --models 1000 --gpus 10000 --tick-s 15 --interval-s 60 --jobs 3 --out docs/sim
 
 generate: setup
 	$(PY) -m flotilla_operator.generate

@@ -1,4 +1,5 @@
-# flotilla-operator image: the control plane. Build from the repository root:
+# flotilla-operator image: the control plane, and the front door (the chart runs `flotilla-gateway` from it).
+# Build from the repository root:
 #   docker build -f docker/operator.Dockerfile -t ghcr.io/flotilla-dev/flotilla-operator:0.1.0 .
 # The operator never loads a model: the distribution's base install is torch-free (torch and the
 # model libraries are the `server` extra), so a plain install at the versions in constraints.txt is
@@ -13,8 +14,10 @@ COPY constraints.txt pyproject.toml README.md ./
 COPY contract ./contract
 COPY server ./server
 COPY operator ./operator
+COPY gateway ./gateway
 RUN /opt/flotilla/bin/pip install -c constraints.txt . \
  && /opt/flotilla/bin/flotilla-operator --help >/dev/null \
+ && /opt/flotilla/bin/flotilla-gateway --help >/dev/null \
  && /opt/flotilla/bin/python -c "import flotilla_operator.runner, flotilla_operator.render" \
  && ! /opt/flotilla/bin/python -c "import torch" 2>/dev/null
 

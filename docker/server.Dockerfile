@@ -17,6 +17,7 @@ COPY pyproject.toml README.md ./
 COPY contract ./contract
 COPY server ./server
 COPY operator ./operator
+COPY gateway ./gateway
 RUN /opt/flotilla/bin/pip install -c constraints.txt '.[server]' \
  && /opt/flotilla/bin/python -c "import torch, flotilla_server; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 

@@ -14,7 +14,10 @@ report back, or nothing closes the loop. For each Deployment in its namespace th
   `flotilla.dev/model-name` annotation, else its `--served-model-name`; without either, the
   series keep the `model` label the server itself exports).
 
-`endpoints(deployment)` is the Service: the ready replicas' base URLs, for the load generator.
+`endpoints(deployment)` is the Service: the ready replicas' base URLs, for the load generator. The
+same replicas are published as EndpointSlices, as the EndpointSlice controller would, for flotilla-gateway:
+one slice per replica (each listens on its own loopback port, and a slice's ports apply to all its
+endpoints), labelled `kubernetes.io/service-name` with the Service's name (the Deployment's).
 """
 
 from __future__ import annotations
@@ -104,6 +107,7 @@ class Replica:
     log_path: Path
     started_s: float = field(default_factory=time.monotonic)
     ready: bool = False
+    ready_at_s: float | None = None  # time.monotonic() when /readyz first answered 200
     stop_at_s: float | None = None  # set: terminating (out of endpoints and targets)
     kill_at_s: float | None = None
 
@@ -135,6 +139,7 @@ class PodRunner:
         self.starts: dict[str, int] = {}  # deployment -> processes started (for assertions)
         self.errors: list[str] = []
         self.last_sync_s = time.monotonic()
+        self._slices: set[tuple[str, str]] = set()  # (deployment, replica) published as an EndpointSlice
 
     # --- public ----------------------------------------------------------------------------------
     def start(self) -> PodRunner:
@@ -213,6 +218,7 @@ class PodRunner:
         for name, deployment in deployments.items():
             self._sync_deployment(name, deployment)
         self._flush_pod_calls()
+        self._publish_endpoints()
         self._reap()
         with self._lock:
             targets = [Target(f"127.0.0.1:{r.port}", {"namespace": self.namespace, "pod": r.name}
@@ -251,6 +257,7 @@ class PodRunner:
                 with contextlib.suppress(httpx.HTTPError):
                     replica.ready = httpx.get(f"{replica.url}/readyz", timeout=0.5).status_code == 200
                 if replica.ready:
+                    replica.ready_at_s = time.monotonic()
                     self._pod_status(replica)
         self._flush_pod_calls()
         self._report(name, deployment)
@@ -316,6 +323,27 @@ class PodRunner:
         )
         if response.status_code < 400:
             self._reported[name] = status
+
+    # --- EndpointSlices --------------------------------------------------------------------------
+    def _publish_endpoints(self) -> None:
+        """One EndpointSlice per ready replica not terminating; a slice goes as its replica leaves."""
+        with self._lock:
+            wanted = {(r.deployment, r.name): r for rs in self._replicas.values() for r in rs
+                      if r.ready and r.stop_at_s is None and r not in self._terminating}
+        base = f"/apis/discovery.k8s.io/v1/namespaces/{self.namespace}/endpointslices"
+        for deployment, name in sorted(set(wanted) - self._slices):
+            replica = wanted[(deployment, name)]
+            body = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                    "metadata": {"name": name, "namespace": self.namespace,
+                                 "labels": {"kubernetes.io/service-name": deployment}},
+                    "addressType": "IPv4", "ports": [{"name": "http", "port": replica.port, "protocol": "TCP"}],
+                    "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True},
+                                   "targetRef": {"kind": "Pod", "name": name, "namespace": self.namespace}}]}
+            if self.api.post(base, json=body).status_code < 400:
+                self._slices.add((deployment, name))
+        for deployment, name in sorted(self._slices - set(wanted)):
+            if self.api.delete(f"{base}/{name}").status_code in (200, 404):
+                self._slices.discard((deployment, name))
 
     # --- Pod objects -----------------------------------------------------------------------------
     def _pod_path(self, name: str = "") -> str:

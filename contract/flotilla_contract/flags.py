@@ -20,6 +20,10 @@ DEFAULT_QUEUE_TIMEOUT_S = 30.0
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+# Multi-model mode (docs/serving.md, "Multi-model mode")
+DEFAULT_POOL_KV_CACHE_MEMORY = "256Mi"  # each loaded model's fixed KV pool, counted in the memory budget
+DEFAULT_LOAD_TIMEOUT_S = 120.0
+DEFAULT_MIN_RESIDENCY_S = 60.0
 DTYPES = ("float32", "bfloat16", "float16")
 ENGINE_MODES = ("process", "inprocess")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -34,6 +38,7 @@ class Flag:
     kind: Kind  # how the text is parsed; "bytes" takes sizes such as 8Gi
     default: str | int | float | None
     help: str
+    repeatable: bool = False  # may be given several times; the settings field then holds a tuple
 
     @property
     def env(self) -> str:
@@ -47,7 +52,19 @@ def env_var(flag: str) -> str:
 
 SERVER_FLAGS: tuple[Flag, ...] = (
     Flag("--model", "model", "str", "tiny",
-         "A Hugging Face model directory, or 'tiny' (the built-in DEMONSTRATION model)."),
+         "A Hugging Face model directory, a .gguf file (Llama), or 'tiny' (the built-in DEMONSTRATION model). Repeat it as "
+         "--model NAME=SOURCE to serve several models from one memory budget (multi-model mode).",
+         repeatable=True),
+    Flag("--model-list-file", "model_list_file", "str", None,
+         "A file of NAME=SOURCE lines (multi-model mode), re-read when it changes: a new line becomes "
+         "loadable without a restart."),
+    Flag("--memory-budget", "memory_budget_bytes", "bytes", None,
+         "Multi-model mode: memory that loaded models (weights and KV pools) may hold, e.g. 60Gi; default: "
+         "80% of the GPU, or half the RAM on CPU."),
+    Flag("--load-timeout-s", "load_timeout_s", "float", DEFAULT_LOAD_TIMEOUT_S,
+         "Multi-model mode: how long a request for a model that is not loaded waits for its load, seconds."),
+    Flag("--min-residency-s", "min_residency_s", "float", DEFAULT_MIN_RESIDENCY_S,
+         "Multi-model mode: a loaded model is never evicted sooner than this after its load, seconds."),
     Flag("--served-model-name", "served_model_name", "str", None,
          "Name clients send as `model`; default: the model's name."),
     Flag("--host", "host", "str", "0.0.0.0", "Address to listen on."),
@@ -65,7 +82,8 @@ SERVER_FLAGS: tuple[Flag, ...] = (
          "what is left after the weights and one profiled step. On CPU: the share of the container's memory "
          "limit (or of the memory available), and the pool never exceeds every slot at --max-model-len."),
     Flag("--kv-cache-memory", "kv_cache_memory_bytes", "bytes", None,
-         "KV-cache pool size in bytes, e.g. 8Gi (overrides --gpu-memory-utilization)."),
+         "KV-cache pool size in bytes, e.g. 8Gi (overrides --gpu-memory-utilization; "
+         f"multi-model mode: each model's fixed pool, default {DEFAULT_POOL_KV_CACHE_MEMORY})."),
     Flag("--max-model-len", "max_model_len", "int", None,
          "Context limit (prompt + output tokens); default: the model's, capped by what the KV pool holds "
          "for one sequence."),
@@ -86,3 +104,7 @@ SERVER_FLAGS: tuple[Flag, ...] = (
 )
 
 FLAGS_BY_NAME = {f.flag: f for f in SERVER_FLAGS}
+
+# Flags that size one model's memory from the device; multi-model mode refuses them (a fixed KV pool per
+# model, and --memory-budget over all). A name not in SERVER_FLAGS is ignored until the flag exists.
+MULTI_MODEL_REFUSED_FLAGS = ("--gpu-memory-utilization",)

@@ -13,6 +13,14 @@ VLLM_REQUESTS_WAITING = "vllm:num_requests_waiting"
 VLLM_REQUESTS_RUNNING = "vllm:num_requests_running"
 VLLM_KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 
+# Multi-model servers (docs/serving.md, "Multi-model mode"); every series carries `model` where one applies.
+MODEL_LOAD_SECONDS = "flotilla_model_load_seconds"  # histogram: one observation per finished load
+MODEL_EVICTIONS = "flotilla_model_evictions"  # counter (exposed as _total), labelled with the evicted model
+MODELS_RESIDENT = "flotilla_models_resident"  # gauge: models loaded now
+MODEL_LRU_AGE_SECONDS = "flotilla_model_lru_age_seconds"  # gauge: seconds since the least recently used resident model served
+MODEL_REQUESTS = "flotilla_model_requests"  # counter (exposed as _total): requests that named each model
+MODEL_STATE = "flotilla_model_state"  # gauge: 1 for each model's current state (label `state`)
+
 GATEWAY_REQUESTS_HELD = "flotilla_gateway_requests_held"  # the autoscaler's pending demand P
 
 MODEL_LABEL = "model"  # every server and gateway series carries the served model name

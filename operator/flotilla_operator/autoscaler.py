@@ -97,6 +97,7 @@ class Observation:
     starting_replicas: int  # created but not ready: capacity to come
     now_s: float
     pending_demand: int = 0  # requests a front door holds for a model at zero
+    woken_at_s: float | None = None  # when a gateway last woke the model from zero (flotilla.dev/woken-at)
 
 
 @dataclass(frozen=True)
@@ -209,6 +210,9 @@ def decide(spec: ScalingSpec, obs: Observation, state: AutoscalerState) -> Decis
                         f"{spec.scale_down_stabilization_s:g}s scale-down window is {down_to}")
         if down_to == 0:
             idle_s = obs.now_s - idle_since if idle_since is not None else 0.0
+            if obs.woken_at_s is not None:
+                # a fresh wake counts as demand: its held requests may not be in Prometheus yet
+                idle_s = min(idle_s, max(0.0, obs.now_s - obs.woken_at_s))
             if idle_s < spec.scale_to_zero_after_s:
                 if current == 1:
                     return done(1, REASON_IDLE_WINDOW, f"no demand for {idle_s:g}s of the "

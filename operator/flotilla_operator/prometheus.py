@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import httpx
+from flotilla_contract.metrics import GATEWAY_REQUESTS_HELD
 
 DEFAULT_TIMEOUT_S = 5.0
 
@@ -38,6 +39,7 @@ class PoolSample:
     running: float
     slots: float  # summed over replicas
     replicas_reporting: int  # replicas with a flotilla_slots series
+    held: float = 0.0  # P: requests flotilla-gateway replicas hold for the model (summed over replicas)
 
     @property
     def slots_per_replica(self) -> float | None:
@@ -51,11 +53,14 @@ def _label_value(value: str) -> str:
 def pool_query(namespace: str, model: str) -> str:
     """One PromQL expression evaluating all four sums at the same instant, each tagged `part`."""
     selector = f'{{namespace="{_label_value(namespace)}",model="{_label_value(model)}"}}'
+    # gateway series carry the model's namespace as model_namespace (`namespace` is the gateway's own)
+    held_selector = f'{{model_namespace="{_label_value(namespace)}",model="{_label_value(model)}"}}'
     parts = [
         ("waiting", f"sum({WAITING}{selector})"),
         ("running", f"sum({RUNNING}{selector})"),
         ("slots", f"sum({SLOTS}{selector})"),
         ("replicas", f"count({SLOTS}{selector})"),
+        ("held", f"sum({GATEWAY_REQUESTS_HELD}{held_selector})"),
     ]
     return " or ".join(f'label_replace({expr}, "part", "{name}", "", "")' for name, expr in parts)
 
@@ -76,6 +81,7 @@ def parse_pool(body: object) -> PoolSample:
         running=values.get("running", 0.0),
         slots=values.get("slots", 0.0),
         replicas_reporting=int(values.get("replicas", 0)),
+        held=values.get("held", 0.0),
     )
 
 

@@ -20,7 +20,7 @@ from flotilla_operator import metrics, rfc3339, types
 from flotilla_operator.apply import execute, observe
 from flotilla_operator.deprecations import deprecations
 from flotilla_operator.events import object_ref, post_event
-from flotilla_operator.kube import KubeClient
+from flotilla_operator.kube import KubeClient, KubeError
 from flotilla_operator.manifests import (
     Owner,
     desired_children,
@@ -35,6 +35,7 @@ from flotilla_operator.status_writer import write_status as write_model_status
 
 PRUNABLE_KINDS = (("policy/v1", "PodDisruptionBudget"),)  # the only child a spec change can make unwanted
 NOT_PROBLEMS = ("AsExpected", "ReplicasLost")  # Degraded reasons that come from observation, not from the spec
+NAME_CONFLICT = "ModelNameConflict"  # Degraded, but its pods still run: its own Service still reaches them
 PAST_TENSE = {"create": "Created", "update": "Updated", "delete": "Deleted"}
 
 
@@ -51,9 +52,34 @@ class Context:
         return self.locks.setdefault((namespace, name), asyncio.Lock())
 
 
-async def find_problems(kube: KubeClient, namespace: str, spec: types.InferenceModelSpec) -> list[Problem]:
+def name_holder(served_name: str, models: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The InferenceModel that keeps a served name when several serve it: the oldest live one (by
+    creationTimestamp, then namespace, then name), as flotilla-gateway routes (docs/gateway.md, "Route map")."""
+    live = [m for m in models if not m["metadata"].get("deletionTimestamp")
+            and ((m.get("spec") or {}).get("model") or {}).get("name") == served_name]
+    return min(live, key=lambda m: (m["metadata"].get("creationTimestamp", ""), m["metadata"].get("namespace", ""),
+                                    m["metadata"]["name"]), default=None)
+
+
+async def find_problems(kube: KubeClient, namespace: str, spec: types.InferenceModelSpec,
+                        meta: dict[str, Any] | None = None) -> list[Problem]:
     """Reasons a schema-valid spec cannot be honoured in this cluster right now."""
     problems = []
+    if meta is not None:
+        try:
+            models = await kube.list(types.API_VERSION, types.PLURAL, None, "")
+        except KubeError as error:
+            if error.status != 403:
+                raise
+            models = await kube.list(types.API_VERSION, types.PLURAL, namespace, "")  # namespaced RBAC only
+        holder = name_holder(spec.model.name, models)
+        if holder is not None and holder["metadata"].get("uid") != meta.get("uid"):
+            other = f'{holder["metadata"].get("namespace")}/{holder["metadata"]["name"]}'
+            problems.append(Problem(
+                NAME_CONFLICT,
+                f'the model name "{spec.model.name}" is already served by the older InferenceModel {other}, '
+                "and the gateway routes it there; change spec.model.name",
+            ))
     pvc = spec.model.source.pvc
     if pvc is not None and await kube.get("v1", "persistentvolumeclaims", namespace, pvc.claim_name) is None:
         problems.append(Problem(
@@ -78,9 +104,9 @@ async def reconcile(ctx: Context, body: dict[str, Any], logger: logging.Logger |
         await write_status(ctx, namespace, name, [problem], meta.get("generation"))
         return
     owner = Owner(name, namespace, uid, spec)
-    problems = await find_problems(ctx.kube, namespace, spec)
+    problems = await find_problems(ctx.kube, namespace, spec, meta)
     desired = desired_children(owner, ctx.settings.default_image, ctx.monitoring)
-    if problems:  # pods that cannot start are not created; the Service and PDB are harmless
+    if any(p.reason != NAME_CONFLICT for p in problems):  # pods that cannot start are not created
         desired = [child for child in desired if child["kind"] != "Deployment"]
     observed = await observe(ctx.kube, namespace, name, desired, PRUNABLE_KINDS)
     the_plan = plan(desired, observed, uid)

@@ -183,6 +183,28 @@ class PlacementSpec(ApiModel):
     )
 
 
+class ColdStartSpec(ApiModel):
+    max_held: int = Field(
+        256,
+        description="maxHeld is how many requests each flotilla-gateway replica holds for this model while it has no ready replica; more get 429.",
+        ge=0,
+        le=100000,
+    )
+    max_wait_seconds: int = Field(
+        300,
+        description="maxWaitSeconds is how long the gateway holds a request for a ready replica before answering 503.",
+        ge=1,
+        le=3600,
+    )
+
+
+class RoutingSpec(ApiModel):
+    policy: Literal["least-load", "prefix"] | None = Field(
+        None,
+        description="policy is how flotilla-gateway picks a replica: least-load (fewest in-flight + waiting) or prefix (consistent hashing with bounded loads on the prompt's start); unset takes prefix for chat and least-load for completions.",
+    )
+
+
 class ServerSpec(ApiModel):
     model_config = ConfigDict(
         json_schema_extra=rules(
@@ -266,6 +288,10 @@ class InferenceModelSpec(ApiModel):
     scaling: ScalingSpec = Field(default_factory=ScalingSpec, description="scaling bounds and paces the autoscaler.")
     placement: PlacementSpec = Field(default_factory=PlacementSpec, description="placement decides where replicas run.")
     server: ServerSpec = Field(default_factory=ServerSpec, description="server tunes flotilla-server in each replica.")
+    cold_start: ColdStartSpec = Field(
+        default_factory=ColdStartSpec, description="coldStart bounds the requests flotilla-gateway holds while the model scales from zero."
+    )
+    routing: RoutingSpec = Field(default_factory=RoutingSpec, description="routing sets how flotilla-gateway picks a replica.")
 
 
 class Condition(ApiModel):

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 
-from flotilla_contract.flags import SERVER_FLAGS, Flag, env_var
+from flotilla_contract.flags import FLAGS_BY_NAME, MULTI_MODEL_REFUSED_FLAGS, SERVER_FLAGS, Flag, env_var
 from flotilla_contract.sizes import parse_bytes
 
 from flotilla_server.http.settings import ServerSettings
@@ -36,6 +36,10 @@ def _default_note(flag: Flag) -> str:
     return "" if flag.default is None else f"; default {flag.default}"  # an unset default is described in the text
 
 
+def _default_key(flag: Flag) -> str:
+    return f"_default_{flag.dest}"
+
+
 def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     environ = os.environ if environ is None else environ
     parser = argparse.ArgumentParser(
@@ -51,9 +55,14 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
                 default = kind(environ[flag.env])
             except (ValueError, argparse.ArgumentTypeError) as e:
                 parser.error(f"{flag.env}={environ[flag.env]!r}: {e}")
-        parser.add_argument(flag.flag, dest=flag.dest, type=kind, default=default,
+        if flag.repeatable:  # argparse appends to a default list: keep the default apart (in parse_settings)
+            parser.set_defaults(**{_default_key(flag): default})
+            default, extra = None, {"action": "append"}
+        else:
+            extra = {}
+        parser.add_argument(flag.flag, dest=flag.dest, type=kind, default=default, **extra,
                             metavar=flag.env.removeprefix("FLOTILLA_"),
-                            help=f"{flag.help} [env {flag.env}{_default_note(flag)}]")
+                            help=f"{flag.help} [env {flag.env}{_default_note(flag)}]".replace("%", "%%"))
     return parser
 
 
@@ -61,9 +70,23 @@ def parse_settings(argv: Sequence[str] | None = None, environ: Mapping[str, str]
     parser = build_parser(environ)
     args = parser.parse_args(argv)
     values = {f.name: getattr(args, f.name) for f in fields(ServerSettings)}
+    for flag in SERVER_FLAGS:  # a repeated flag: one value stays a value, several become a tuple
+        if not flag.repeatable:
+            continue
+        value = values[flag.dest]
+        if value is None and flag.dest == "model" and values["model_list_file"] is not None:
+            values[flag.dest] = ()  # the list file names every model; the default 'tiny' is not one of them
+        elif value is None:
+            values[flag.dest] = getattr(args, _default_key(flag))
+        else:
+            values[flag.dest] = value[0] if len(value) == 1 else tuple(value)
     try:
         settings = ServerSettings(**values)
         settings.engine_config()  # checks the engine's own invariants now, with the flag names in view
+        if settings.multi_model:
+            _refuse_in_multi_model(parser, sys.argv[1:] if argv is None else argv,
+                                   os.environ if environ is None else environ)
+            model_specs(settings)  # names and sources are checked now, with the flag in view
     except ValueError as e:
         parser.error(str(e))
     return settings
@@ -85,6 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from flotilla_server.http.serve import ServedModel, configure_logging, serve
 
     configure_logging(settings)
+    if settings.multi_model:
+        return _main_multi_model(settings)
     try:
         engine, info = build_engine(settings.engine_config(), settings.engine_mode,  # type: ignore[arg-type]
                                     EngineOptions(log_level=settings.log_level))
@@ -98,6 +123,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_model_len=info.max_model_len, description=info.description, is_demonstration=info.is_demonstration,
     )
     return serve(settings, engine, model)
+
+
+def _main_multi_model(settings: ServerSettings) -> int:
+    from flotilla_server.engine.messages import EngineOptions
+    from flotilla_server.http.pool_serve import serve_pool
+    from flotilla_server.model_cache.budget import default_budget_bytes
+    from flotilla_server.model_cache.cache import ModelCache
+    from flotilla_server.model_cache.engine_processes import EngineProcesses
+
+    # each model's engine in its own process (--engine-mode process) or on a thread of this one (inprocess)
+    engines = EngineProcesses(settings.engine_config(), settings.engine_mode,
+                              EngineOptions(log_level=settings.log_level))
+    budget = settings.memory_budget_bytes or default_budget_bytes(settings.device)
+    cache = ModelCache(engines, model_specs(settings), budget, settings.min_residency_s, settings.model_list_file)
+    return serve_pool(settings, cache)
+
+
+def model_specs(settings: ServerSettings) -> tuple:
+    """The --model NAME=SOURCE flags as specs; the list file's join them in the cache."""
+    from flotilla_server.model_cache.specs import merge, parse_spec
+
+    return merge([parse_spec(m) for m in settings.models])
+
+
+def _refuse_in_multi_model(parser: argparse.ArgumentParser, argv: Sequence[str], environ: Mapping[str, str]) -> None:
+    """Flags that size one model's memory from the device contradict a shared budget: refuse them."""
+    for name in MULTI_MODEL_REFUSED_FLAGS:
+        flag = FLAGS_BY_NAME.get(name)
+        if flag is None:
+            continue
+        given = any(a == name or a.startswith(name + "=") for a in argv) or flag.env in environ
+        if given:
+            parser.error(f"{name} is refused in multi-model mode: every model's KV pool is fixed "
+                         "(--kv-cache-memory) and --memory-budget bounds all models together; drop it")
 
 
 if __name__ == "__main__":

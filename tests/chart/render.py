@@ -56,7 +56,10 @@ def by_kind(docs: tuple[dict, ...], kind: str) -> list[dict]:
     return [d for d in docs if d["kind"] == kind]
 
 
-def one(docs: tuple[dict, ...], kind: str) -> dict:
+def one(docs: tuple[dict, ...], kind: str, component: str = "operator") -> dict:
+    """The one `kind` rendered; where the operator and the gateway each have one, the `component`'s."""
     found = by_kind(docs, kind)
+    if len(found) > 1:
+        found = [d for d in found if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component]
     assert len(found) == 1, f"expected one {kind}, rendered {len(found)}"
     return found[0]

@@ -18,6 +18,7 @@ ALERTS = {
     "FlotillaNoReadyReplicas",
     "FlotillaAutoscalerPinnedAtMax",
     "FlotillaOperatorPrometheusQueriesFailing",
+    "FlotillaGatewayRequestsHeldLong",
 }
 
 

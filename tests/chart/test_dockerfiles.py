@@ -15,7 +15,7 @@ from tests.chart.render import REPO_ROOT
 DOCKERFILES = {name: REPO_ROOT / "docker" / f"{name}.Dockerfile" for name in ("server", "operator")}
 PINNED_BASE = re.compile(r"^ARG PYTHON_IMAGE=python:3\.11\.\d+-slim-bookworm(@sha256:[0-9a-f]{64})?$", re.M)
 IMPORT_TO_DISTRIBUTION = {"yaml": "pyyaml", "prometheus_client": "prometheus-client"}
-FIRST_PARTY = {"flotilla_contract", "flotilla_operator", "flotilla_server"}
+FIRST_PARTY = {"flotilla_contract", "flotilla_operator", "flotilla_server", "flotilla_gateway"}
 
 
 @pytest.mark.parametrize("name", sorted(DOCKERFILES))
@@ -63,8 +63,9 @@ def test_operator_image_is_a_plain_torch_free_install_of_what_the_operator_impor
     installed = base_dependencies()
     sources = sorted((REPO_ROOT / "operator" / "flotilla_operator").rglob("*.py"))
     sources += sorted((REPO_ROOT / "contract" / "flotilla_contract").rglob("*.py"))
+    sources += sorted((REPO_ROOT / "gateway" / "flotilla_gateway").rglob("*.py"))  # the chart runs the gateway from it
     needed = {IMPORT_TO_DISTRIBUTION.get(m, m) for m in third_party_imports(sources)}
     assert needed <= installed, f"pyproject's base dependencies lack {sorted(needed - installed)}"
     assert not {"torch", "safetensors", "tokenizers"} & installed
-    for path in ("contract", "operator"):
+    for path in ("contract", "operator", "gateway"):
         assert f"COPY {path} ./{path}" in text

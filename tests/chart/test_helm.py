@@ -23,8 +23,9 @@ def test_helm_lint_strict_passes(values_name: str) -> None:
 
 def test_default_values_render_operator_rbac_priority_classes_and_dashboards() -> None:
     kinds = sorted(d["kind"] for d in render("default"))
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "ConfigMap", "CustomResourceDefinition",
-                     "Deployment", "PriorityClass", "PriorityClass", "Service", "ServiceAccount"]
+    assert kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "ConfigMap", "ConfigMap",
+                     "CustomResourceDefinition", "Deployment", "Deployment", "PriorityClass", "PriorityClass", "Service",
+                     "Service", "ServiceAccount", "ServiceAccount"]  # the operator's and the gateway's
 
 
 def test_priority_classes_carry_the_names_the_operator_uses() -> None:
@@ -43,9 +44,10 @@ def test_priority_classes_carry_the_names_the_operator_uses() -> None:
 
 def test_all_options_render_every_optional_resource() -> None:
     kinds = sorted(d["kind"] for d in render("all-options"))
-    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "ConfigMap", "CustomResourceDefinition",
-                     "Deployment", "PodMonitor", "PriorityClass", "PriorityClass", "PrometheusRule", "Service",
-                     "ServiceAccount", "ServiceMonitor"]
+    assert kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "ConfigMap", "ConfigMap",
+                     "CustomResourceDefinition", "Deployment", "Deployment", "PodMonitor", "PriorityClass",
+                     "PriorityClass", "PrometheusRule", "Service", "Service", "ServiceAccount", "ServiceAccount",
+                     "ServiceMonitor"]
 
 
 def container(docs: tuple[dict, ...]) -> dict:
@@ -185,3 +187,30 @@ def test_renders_for_supported_kubernetes_versions(kube_version: str) -> None:
 def test_refuses_kubernetes_older_than_1_30() -> None:
     result = helm(*template_args(None), "--kube-version", "1.29.0", check=False)
     assert result.returncode != 0 and "kubeVersion" in result.stderr
+
+
+@pytest.mark.parametrize("values_name", ["default", "all-options"])
+def test_gateway_flags_parse_with_the_real_cli(values_name: str) -> None:
+    from flotilla_gateway.cli import parser
+
+    docs = render(values_name)
+    deployment = one(docs, "Deployment", component="gateway")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["flotilla-gateway"]
+    args = parser().parse_args(container["args"])
+    assert args.in_cluster and args.port == container["ports"][0]["containerPort"]
+    assert pod["terminationGracePeriodSeconds"] > args.drain_timeout_s  # streams in flight finish first
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    service = one(docs, "Service", component="gateway")
+    assert service["spec"]["ports"][0]["port"] == args.port
+    binding = one(docs, "ClusterRoleBinding", component="gateway")
+    assert binding["subjects"][0]["name"] == pod["serviceAccountName"]
+    if values_name == "all-options":
+        assert deployment["spec"]["replicas"] == 3 and args.namespaces == ["team-a", "team-b"]
+        assert args.api_keys_file == "/etc/flotilla-gateway/keys/keys.yaml"
+        assert {"name": "keys", "secret": {"secretName": "flotilla-gateway-keys"}} in pod["volumes"]
+        assert container["image"] == "registry.example.com/flotilla/flotilla-gateway:0.1.0-rc1"
+    else:
+        assert deployment["spec"]["replicas"] == 2 and args.namespaces is None and args.api_keys_file is None
+        assert container["image"] == one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]

@@ -41,7 +41,11 @@ def test_notes_example_is_an_inference_model_the_crd_admits(tmp_path: Path) -> N
     assert admitted["spec"]["model"] == example["spec"]["model"], "the CRD pruned part of the example"
     from flotilla_operator.server_args import PORT
 
-    assert f"port-forward service/{example['metadata']['name']} {PORT}:{PORT}" in notes
+    assert f'"model": "{example["spec"]["model"]["name"]}"' in notes
+    assert f"port-forward service/{RELEASE}-gateway 8080:8080" in notes  # one base URL for the fleet
+    assert f"http://{RELEASE}-gateway.{NAMESPACE}.svc:8080/v1" in notes
+    direct = rendered_notes(tmp_path / "direct", "gateway.enabled=false")
+    assert f"port-forward service/{example['metadata']['name']} {PORT}:{PORT}" in direct
 
 
 def test_notes_follow_the_values(tmp_path: Path) -> None:

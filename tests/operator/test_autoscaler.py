@@ -57,6 +57,7 @@ class Case:
     starting: int = 0
     pending: int = 0
     state: AutoscalerState = field(default_factory=AutoscalerState)
+    woken_ago_s: float | None = None  # a gateway woke the model this long ago
 
 
 CASES = [
@@ -112,6 +113,12 @@ CASES = [
     Case("zero stays zero", COST_ZERO, pool(0, 0, 0), 0, 0, a.REASON_STABLE, ready=0),
     Case("pending demand wakes from zero", COST_ZERO, pool(0, 0, 0), 0, 1, a.REASON_SCALE_UP, ready=0, pending=3),
     Case("pending demand sized by target", COST_ZERO, pool(0, 0, 0), 0, 3, a.REASON_SCALE_UP, ready=0, pending=20),
+    Case("held requests keep a model from zero", COST_ZERO, pool(0, 0), 1, 1, a.REASON_STABLE, pending=1,
+         state=idle(3600)),
+    Case("a fresh wake keeps a model from zero", COST_ZERO, pool(0, 0), 1, 1, a.REASON_IDLE_WINDOW,
+         state=idle(3600), woken_ago_s=30),
+    Case("an old wake does not", COST_ZERO, pool(0, 0), 1, 0, a.REASON_SCALE_TO_ZERO, state=idle(3600),
+         woken_ago_s=61),
     # restart: the history read back from status keeps the window
     Case("restart keeps the window", COST, pool(0, 0, 4), 4, 4, a.REASON_SCALE_DOWN_STABILIZING,
          state=state_from_status(status_patch(
@@ -122,7 +129,8 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_decision_table(case: Case) -> None:
     ready = case.current if case.ready is None else case.ready
-    obs = Observation(case.metrics, case.current, ready, case.starting, NOW, case.pending)
+    woken_at = NOW - case.woken_ago_s if case.woken_ago_s is not None else None
+    obs = Observation(case.metrics, case.current, ready, case.starting, NOW, case.pending, woken_at)
     decision = a.decide(case.spec, obs, case.state)
     assert (decision.desired_replicas, decision.reason) == (case.want, case.reason), decision.message
     assert str(case.current) in decision.message  # the numbers travel with the reason

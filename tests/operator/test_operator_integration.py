@@ -40,6 +40,7 @@ def cluster(tmp_path_factory):
 def tiny(name: str, **spec: Any) -> dict[str, Any]:
     obj = load_example(next(p for p in EXAMPLES if p.name == "tiny-cpu.yaml"))
     obj["metadata"]["name"] = name
+    obj["spec"]["model"]["name"] = name  # one served name per model: a shared one is a ModelNameConflict
     obj["spec"].update(copy.deepcopy(spec))
     return obj
 
@@ -216,6 +217,26 @@ def test_a_stored_deprecated_field_keeps_reconciling_with_one_event(cluster):
               if e["involvedObject"]["name"] == "old-kv" and e["reason"] == "DeprecatedField"]
     assert len(events) == 1 and "gpuMemoryUtilization" in events[0]["message"], events
     assert events[0]["type"] == "Warning"
+
+
+def test_a_served_name_taken_by_an_older_model_is_a_name_conflict(cluster):
+    k8s, _ = cluster
+    older = tiny("first-llama")  # in team-b, which this operator does not watch; the gateway does
+    older["metadata"]["namespace"] = "team-b"
+    older["spec"]["model"]["name"] = "llama"
+    k8s.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-b"}})
+    k8s.create(older)
+    time.sleep(1.1)  # creationTimestamp has one-second resolution
+    later = tiny("second-llama")
+    later["spec"]["model"]["name"] = "llama"
+    k8s.create(later)
+    k8s.eventually(lambda: condition(k8s, "second-llama", "Degraded") == ("True", "ModelNameConflict"), WAIT_S)
+    degraded = next(c for c in status_of(k8s, "second-llama")["conditions"] if c["type"] == "Degraded")
+    assert "team-b/first-llama" in degraded["message"] and "change spec.model.name" in degraded["message"]
+    wait_deployment(k8s, "second-llama")  # its pods still run: its own Service reaches them
+    k8s.delete(*IM, "first-llama", "team-b")
+    k8s.eventually(lambda: condition(k8s, "second-llama", "Degraded") == ("False", "AsExpected"), WAIT_S)
+    k8s.delete(*IM, "second-llama", "default")
 
 
 def test_deleting_the_model_leaves_nothing_behind(cluster):

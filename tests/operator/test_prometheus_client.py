@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from flotilla_contract.metrics import GATEWAY_REQUESTS_HELD
 from flotilla_operator import prometheus as p
 from flotilla_operator.prometheus import PrometheusClient, PrometheusError
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
@@ -30,9 +31,22 @@ class Exporter:
         self.server.server_close()
 
 
+class GatewayExporter(Exporter):
+    """One flotilla-gateway replica: requests it holds, by model and the model's namespace."""
+
+    def __init__(self, held: dict[tuple[str, str], float]) -> None:
+        self.registry = CollectorRegistry()
+        gauge = Gauge(GATEWAY_REQUESTS_HELD, "held", ["model", "model_namespace"], registry=self.registry)
+        for (namespace, model), value in held.items():
+            gauge.labels(model=model, model_namespace=namespace).set(value)
+        self.port = free_port()
+        self.server, self.thread = start_http_server(self.port, addr="127.0.0.1", registry=self.registry)
+
+
 @pytest.fixture(scope="module")
 def scraped() -> Iterator[tuple[RealPrometheus, list[Exporter]]]:
-    exporters = [Exporter("m", 5, 2, 2), Exporter("m", 3, 2, 2), Exporter("other", 9, 1, 2), Exporter("m", 7, 1, 2)]
+    exporters = [Exporter("m", 5, 2, 2), Exporter("m", 3, 2, 2), Exporter("other", 9, 1, 2), Exporter("m", 7, 1, 2),
+                 GatewayExporter({("ns", "m"): 2, ("elsewhere", "m"): 4}), GatewayExporter({("ns", "m"): 3})]
     try:
         with RealPrometheus() as prom:
             prom.set_targets([
@@ -40,8 +54,10 @@ def scraped() -> Iterator[tuple[RealPrometheus, list[Exporter]]]:
                 Target(f"127.0.0.1:{exporters[1].port}", {"namespace": "ns", "model": "m", "pod": "m-1"}),
                 Target(f"127.0.0.1:{exporters[2].port}", {"namespace": "ns", "model": "other", "pod": "o-0"}),
                 Target(f"127.0.0.1:{exporters[3].port}", {"namespace": "elsewhere", "model": "m", "pod": "m-0"}),
+                *(Target(f"127.0.0.1:{e.port}", {"namespace": "flotilla-system", "pod": f"gateway-{i}"})
+                  for i, e in enumerate(exporters[4:])),
             ])
-            prom.wait_for("count(up == 1)", lambda v: v == 4)
+            prom.wait_for("count(up == 1)", lambda v: v == 6)
             yield prom, exporters
     finally:
         for e in exporters:
@@ -55,7 +71,7 @@ async def test_pool_sums_one_model_in_one_namespace(scraped) -> None:
         sample = await client.pool("ns", "m")
     finally:
         await client.aclose()
-    assert sample == p.PoolSample(waiting=8, running=4, slots=4, replicas_reporting=2)
+    assert sample == p.PoolSample(waiting=8, running=4, slots=4, replicas_reporting=2, held=5)  # held: both gateways
     assert sample.slots_per_replica == 2
 
 

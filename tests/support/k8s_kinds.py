@@ -40,6 +40,7 @@ BUILTIN_KINDS = (
     Kind("", "v1", "pods", "Pod", subresources=("status",)),
     Kind("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", subresources=("status",)),
     Kind("", "v1", "serviceaccounts", "ServiceAccount"),
+    Kind("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice"),
     Kind("apps", "v1", "deployments", "Deployment", subresources=("status", "scale"),
          scale_selector_path=".spec.selector"),
     Kind("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget", subresources=("status",)),

@@ -61,3 +61,17 @@ app.kubernetes.io/part-of: flotilla
 {{- toYaml (list .Release.Namespace) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* gatewayName: the gateway's Deployment, Service, ServiceAccount and ClusterRole. */}}
+{{- define "flotilla.gatewayName" -}}
+{{- printf "%s-gateway" (include "flotilla.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* gatewayImage: gateway.image when set, else the operator image (which ships flotilla-gateway). */}}
+{{- define "flotilla.gatewayImage" -}}
+{{- if .Values.gateway.image.repository -}}
+{{- printf "%s:%s" .Values.gateway.image.repository (default .Chart.AppVersion (default .Values.image.tag .Values.gateway.image.tag)) -}}
+{{- else -}}
+{{- include "flotilla.image" . -}}
+{{- end -}}
+{{- end -}}

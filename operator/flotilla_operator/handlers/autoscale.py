@@ -9,11 +9,13 @@ subresource (reconciliation then applies it to the Deployment), and records the 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
 import kopf
 import pydantic
+from flotilla_contract.labels import WOKEN_AT_ANNOTATION
 
 from flotilla_operator import autoscaler, metrics, rfc3339, types
 from flotilla_operator.autoscaler_status import (
@@ -54,6 +56,15 @@ def pool_metrics(sample: PoolSample | None, spec: types.InferenceModelSpec) -> a
         slots_per_replica=sample.slots_per_replica or spec.server.max_num_seqs,  # no replica: the spec's slots
         replicas_reporting=sample.replicas_reporting,
     )
+
+
+def woken_at(obj: dict[str, Any]) -> float | None:
+    """When flotilla-gateway last woke the model from zero, from its annotation; None if never or unreadable."""
+    text = (obj["metadata"].get("annotations") or {}).get(WOKEN_AT_ANNOTATION)
+    try:
+        return rfc3339.parse_time(text) if text else None
+    except ValueError:
+        return None
 
 
 async def measure(prometheus: PrometheusClient, namespace: str, model: str,
@@ -107,6 +118,8 @@ async def _decide_and_apply(ctx: Context, namespace: str, name: str, sample: Poo
     observation = autoscaler.Observation(
         metrics=pool_metrics(sample, spec), current_replicas=current, ready_replicas=ready,
         starting_replicas=starting_replicas(current, deployment), now_s=now_s,
+        pending_demand=math.ceil(sample.held) if sample is not None else 0,
+        woken_at_s=woken_at(obj),
     )
     state = state_from_status(status.get("autoscaler"))
     decision = autoscaler.decide(scaling_spec(spec), observation, state)

@@ -14,17 +14,25 @@ from flotilla_server.http.shedder import LoadShedder
 from flotilla_server.http.state import ServerState
 
 
+def start_serving(state: ServerState) -> None:
+    """On the event loop: hook the engine's listeners (the engine owns the admission queue); then ready."""
+    state.engine.add_step_listener(lambda record: state.metrics.observe_step(record.duration_s, record.num_tokens))
+    state.engine.add_abort_listener(state.on_abort)
+    state.ready = True
+
+
+async def stop_serving(state: ServerState) -> None:
+    state.ready = False
+
+
 def create_app(state: ServerState, max_body_bytes: int) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        state.engine.add_step_listener(
-            lambda record: state.metrics.observe_step(record.duration_s, record.num_tokens))
-        state.engine.add_abort_listener(state.on_abort)
-        state.ready = True
+        start_serving(state)
         try:
             yield
         finally:
-            state.ready = False
+            await stop_serving(state)
 
     app = FastAPI(
         title="flotilla-server",

@@ -10,6 +10,7 @@ from __future__ import annotations
 from flotilla_contract.load import ModelLoad, ServerLoad
 
 from flotilla_server.engine.outputs import EngineStats
+from flotilla_server.model_cache.status import ModelStatus
 
 
 def server_load(*, stats: EngineStats, queued: int, queue_capacity: int, accepting: bool,
@@ -25,4 +26,28 @@ def server_load(*, stats: EngineStats, queued: int, queue_capacity: int, accepti
         queue_capacity=queue_capacity,
         kv_usage=min(1.0, kv_usage),
         models=[ModelLoad(name=model_name, state="loaded", waiting=waiting, running=stats.num_running)],
+    )
+
+
+def pool_load(*, accepting: bool, models: list[tuple[ModelStatus, EngineStats | None, int]], queue_capacity: int,
+              budget_bytes: int, used_bytes: int) -> ServerLoad:
+    """A multi-model server's report: per model (its cache status, its engine's stats if loaded, and the
+    requests in its admission queue); a model not loaded reports the requests held for its load as waiting."""
+    rows, waiting, running, slots, kv_used, kv_total = [], 0, 0, 0, 0, 0
+    for status, stats, queued in models:
+        if stats is None:
+            w, r = status.users, 0
+        else:
+            w, r = queued + stats.num_waiting, stats.num_running
+            slots += stats.num_slots
+            kv_used += stats.kv_blocks_used
+            kv_total += stats.kv_blocks_total
+        waiting += w
+        running += r
+        rows.append(ModelLoad(name=status.name, state=status.state, waiting=w, running=r,
+                              last_used_s=status.idle_s, memory_bytes=status.memory_bytes or status.footprint_bytes))
+    return ServerLoad(
+        ready=accepting, waiting=waiting, running=running, slots=slots, queue_capacity=queue_capacity,
+        kv_usage=min(1.0, kv_used / kv_total) if kv_total else 0.0, models=rows,
+        memory_budget_bytes=budget_bytes, memory_free_bytes=max(0, budget_bytes - used_bytes),
     )

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import signal
 from types import FrameType
+from typing import Protocol
 
 import uvicorn
 
@@ -31,8 +32,19 @@ _CUT_OFF_FLUSH_S = 0.5  # after a drain timeout, time for cut-off streams to sen
 _ENGINE_DEATH_GRACE_S = 1.0  # after the engine died: /readyz answers 503 this long before the process exits
 
 
+class Drainable(Protocol):
+    """What draining needs of a server: ServerState (one model) or PoolFront (several)."""
+
+    draining: bool
+    in_flight: int
+
+    async def wait_idle(self, timeout_s: float) -> bool: ...
+
+    def cut_off(self, reason: str) -> None: ...
+
+
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, state: ServerState, drain_timeout_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, state: Drainable, drain_timeout_s: float) -> None:
         super().__init__(config)
         self._state = state
         self._drain_timeout_s = drain_timeout_s
@@ -58,8 +70,7 @@ class DrainingServer(uvicorn.Server):
         self.drained_cleanly = await self._state.wait_idle(self._drain_timeout_s)
         if not self.drained_cleanly:
             log.warning("drain timeout: %d request(s) still in flight are cut off", self._state.in_flight)
-            for request_id in list(self._state.live):  # their streams end with an error chunk, then [DONE]
-                self._state.engine.abort(request_id, "drain_timeout")
+            self._state.cut_off("drain_timeout")  # their streams end with an error chunk, then [DONE]
             await self._state.wait_idle(_CUT_OFF_FLUSH_S)
         self.should_exit = True
 
@@ -90,16 +101,21 @@ def configure_logging(settings: ServerSettings) -> None:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def serve(settings: ServerSettings, engine: EngineClient, model: ServedModel) -> int:
-    """Serve until drained (0) or the engine dies (1); shuts the (started) engine down on the way out."""
-    name = model.name
-    state = ServerState(
-        engine=engine, tokenizer=model.tokenizer, served_model_name=name, max_model_len=model.max_model_len,
+def build_state(settings: ServerSettings, engine: EngineClient, model: ServedModel) -> ServerState:
+    """One model's serving state: its engine, tokenizer and admission queue (a multi-model server's lanes too)."""
+    return ServerState(
+        engine=engine, tokenizer=model.tokenizer, served_model_name=model.name, max_model_len=model.max_model_len,
         vocab_size=model.vocab_size, model_description=model.description,
         admission=AdmissionQueue(
             engine, depth=settings.queue_capacity, queue_timeout_s=settings.queue_timeout_s,
         ),
     )
+
+
+def serve(settings: ServerSettings, engine: EngineClient, model: ServedModel) -> int:
+    """Serve until drained (0) or the engine dies (1); shuts the (started) engine down on the way out."""
+    name = model.name
+    state = build_state(settings, engine, model)
     app = create_app(state, settings.max_body_bytes)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_graceful_shutdown=1, access_log=False, http=BoundedH11Protocol)

@@ -9,13 +9,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flotilla_contract import flags as f
+from flotilla_contract.sizes import parse_bytes
 
 from flotilla_server.engine.config import EngineConfig
 
 
 @dataclass(frozen=True)
 class ServerSettings:
-    model: str = "tiny"
+    model: str | tuple[str, ...] = "tiny"  # several (a tuple) only in multi-model mode
+    model_list_file: str | None = None
+    memory_budget_bytes: int | None = None
+    load_timeout_s: float = f.DEFAULT_LOAD_TIMEOUT_S
+    min_residency_s: float = f.DEFAULT_MIN_RESIDENCY_S
     served_model_name: str | None = None
     host: str = "0.0.0.0"
     port: int = f.DEFAULT_PORT
@@ -49,6 +54,27 @@ class ServerSettings:
             raise ValueError(f"--engine-mode must be one of {', '.join(f.ENGINE_MODES)}, got {self.engine_mode!r}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}")
+        if self.load_timeout_s <= 0:
+            raise ValueError(f"--load-timeout-s must be > 0, got {self.load_timeout_s}")
+        if self.min_residency_s < 0:
+            raise ValueError(f"--min-residency-s must be >= 0, got {self.min_residency_s}")
+        if self.memory_budget_bytes is not None and self.memory_budget_bytes < 1:
+            raise ValueError(f"--memory-budget must be > 0, got {self.memory_budget_bytes}")
+        if not self.multi_model and not isinstance(self.model, str):
+            raise ValueError("several --model flags need a name each: --model NAME=SOURCE (multi-model mode)")
+        if self.multi_model and self.served_model_name is not None:
+            raise ValueError("--served-model-name is for one model; in multi-model mode name each model as "
+                             "--model NAME=SOURCE")
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """Every --model value as given."""
+        return (self.model,) if isinstance(self.model, str) else self.model
+
+    @property
+    def multi_model(self) -> bool:
+        """Multi-model mode: a model list file, or any --model given as NAME=SOURCE."""
+        return self.model_list_file is not None or any("=" in m for m in self.models)
 
     @property
     def queue_capacity(self) -> int:
@@ -56,10 +82,14 @@ class ServerSettings:
         return self.queue_depth_per_slot * self.max_num_seqs
 
     def engine_config(self) -> EngineConfig:
+        """The engine's settings; in multi-model mode, every model's (the model itself is set per load)."""
+        kv_bytes = self.kv_cache_memory_bytes
+        if self.multi_model and kv_bytes is None and self.num_kv_blocks is None:
+            kv_bytes = parse_bytes(f.DEFAULT_POOL_KV_CACHE_MEMORY)  # fixed, so it can be counted in the budget
         return EngineConfig(
-            model=self.model, max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
+            model=self.models[0] if not self.multi_model else "tiny", max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
             prefill_chunk=self.prefill_chunk, block_size=self.block_size, num_kv_blocks=self.num_kv_blocks,
-            kv_cache_memory_bytes=self.kv_cache_memory_bytes, max_model_len=self.max_model_len,
+            kv_cache_memory_bytes=kv_bytes, max_model_len=self.max_model_len,
             gpu_memory_utilization=self.gpu_memory_utilization,
             dtype=self.dtype, device=self.device,
         )

@@ -86,6 +86,11 @@ class ServerState:
             self.slow_clients.add(request_id)
             self.metrics.count_rejection("slow_client")
 
+    def cut_off(self, reason: str) -> None:
+        """Abort every live request (drain timeout); their streams end with an error chunk."""
+        for request_id in list(self.live):
+            self.engine.abort(request_id, reason)
+
     def enter(self) -> None:
         self.in_flight += 1
         if self._idle is not None:

@@ -1,15 +1,16 @@
-"""load_model: a Hugging Face model directory (or the embedded `tiny`) to a ready DecoderModel.
+"""load_model: a Hugging Face model directory, a `.gguf` file or the embedded `tiny` to a ready DecoderModel.
 
 A directory holds `config.json`, `*.safetensors` (one file or shards listed in
 `model.safetensors.index.json`) and `tokenizer.json` (+ `tokenizer_config.json`). Weights stream
 shard by shard into a model built without initialisation, converted to the requested dtype.
+A `.gguf` file goes to gguf_loader, which dequantizes it into the same model.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from flotilla_contract.flags import DTYPES
 from safetensors import safe_open
 
 from .config import ModelConfig
+from .gguf_loader import is_gguf, load_gguf
 from .llama import DecoderModel
 from .tiny import TINY_CONFIG, TINY_DESCRIPTION, TINY_NAME, build_tiny_model, build_tiny_tokenizer
 from .tokenizer import Tokenizer
@@ -32,7 +34,7 @@ class LoadedModel:
     model: DecoderModel
     tokenizer: Tokenizer
     config: ModelConfig
-    name: str  # the served name: "tiny" or the directory's name
+    name: str  # the served name: "tiny", the directory's name or the GGUF file's (less its quantization)
     description: str = ""  # says "DEMONSTRATION model" for tiny
     is_demonstration: bool = False
 
@@ -44,8 +46,8 @@ def torch_dtype(dtype: str) -> torch.dtype:
 
 
 def load_model(model: str, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
-    """`model` is "tiny" or a path to a Hugging Face directory. Raises FileNotFoundError or
-    ValueError with what to change."""
+    """`model` is "tiny", a path to a Hugging Face directory or to a `.gguf` file. Raises
+    FileNotFoundError or ValueError with what to change."""
     torch_type = torch_dtype(dtype)
     if model == TINY_NAME:
         log.warning("%s", TINY_DESCRIPTION)
@@ -54,10 +56,14 @@ def load_model(model: str, dtype: str = "float32", device: str = "cpu") -> Loade
             TINY_DESCRIPTION, is_demonstration=True,
         )
     path = Path(model)
+    if is_gguf(model):
+        net, tokenizer, config, name = load_gguf(path, torch_type, device)
+        log.info("loaded %s (GGUF %s, %d layers) as %s on %s", path, config.model_type, config.num_layers, dtype, device)
+        return LoadedModel(net, tokenizer, config, name, f"{config.model_type} model from {path.name}, dequantized")
     if not path.is_dir():
         raise FileNotFoundError(
-            f"model {model!r} is neither 'tiny' nor a directory: pass --model tiny or the path of a "
-            "Hugging Face model directory (config.json, *.safetensors, tokenizer.json)"
+            f"model {model!r} is neither 'tiny', a directory nor a .gguf file: pass --model tiny, the path "
+            "of a Hugging Face model directory (config.json, *.safetensors, tokenizer.json) or of a .gguf file"
         )
     config_file = path / "config.json"
     if not config_file.is_file():
@@ -93,3 +99,23 @@ def _read_tensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 yield name, f.get_tensor(name)
+
+
+def load_model_with_weights(model: str, weights: Mapping[str, torch.Tensor], dtype: str = "float32",
+                            device: str = "cpu") -> LoadedModel:
+    """As `load_model`, with the decoder's weights already loaded (`load_model(...).model.state_dict()`, made
+    by another process and shared with this one): only the config and tokenizer are read here, and the
+    weights are used in place on CPU (assigned, never copied)."""
+    if model == TINY_NAME:
+        config, tokenizer, name, description = TINY_CONFIG, build_tiny_tokenizer(), TINY_NAME, TINY_DESCRIPTION
+    else:
+        path = Path(model)
+        with (path / "config.json").open() as f:
+            config = ModelConfig.from_hf(json.load(f))
+        tokenizer = Tokenizer.from_dir(path, extra_eos_token_ids=config.eos_token_ids)
+        name, description = path.name, f"{config.model_type} model from {path}"
+    with torch.device("meta"):
+        net = DecoderModel(config)
+    net.load_state_dict(weights, assign=True, strict=True)
+    net = net.to(device=device, dtype=torch_dtype(dtype))
+    return LoadedModel(net.eval(), tokenizer, config, name, description, is_demonstration=model == TINY_NAME)

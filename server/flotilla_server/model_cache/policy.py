@@ -2,7 +2,7 @@
 
 A pure function, apart from the thread that loads and the engines that serve, so that every rule is a
 table and property test, and so that the fleet simulator runs this very code (docs/architecture.md,
-"Shared pools"). It imports nothing but the standard library.
+"Model cache"). It imports nothing but the standard library.
 
 Rules, each a lesson from a peer's failure:
 - a model with requests running or waiting is never evicted (Ollama deadlocked evicting one in use);

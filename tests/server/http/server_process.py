@@ -45,10 +45,12 @@ class ServerProcess:
 
 @contextlib.contextmanager
 def run_server(*args: str, tmp_path: Path, startup_timeout_s: float = 120.0,
-               env: dict[str, str] | None = None) -> Iterator[ServerProcess]:
+               env: dict[str, str] | None = None, model_args: tuple[str, ...] = ("--model", "tiny"),
+               ) -> Iterator[ServerProcess]:
+    """`model_args` replace `--model tiny` (multi-model servers name their models)."""
     port = free_port()
     log_path = tmp_path / f"server-{port}.log"
-    cmd = [sys.executable, "-m", "flotilla_server.cli", "--model", "tiny", "--host", "127.0.0.1",
+    cmd = [sys.executable, "-m", "flotilla_server.cli", *model_args, "--host", "127.0.0.1",
            "--port", str(port), *args]
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,

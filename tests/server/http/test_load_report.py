@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from flotilla_contract.load import ServerLoad
 from flotilla_server.engine.outputs import EngineStats
-from flotilla_server.http.load_report import server_load
+from flotilla_server.http.load_report import pool_load, server_load
+from flotilla_server.model_cache.status import ModelStatus
 
 
 def stats(waiting=0, running=0, slots=4, used=0, total=100) -> EngineStats:
@@ -26,3 +27,29 @@ def test_figures(engine, queued, accepting, waiting, running, kv_usage):
     [model] = load.models
     assert (model.name, model.state, model.waiting, model.running) == ("m", "loaded", waiting, running)
     assert ServerLoad.model_validate_json(load.model_dump_json()) == load  # what the gateway parses back
+
+
+def status(name, state, held=0, footprint=10, users=0, idle_s=None) -> ModelStatus:
+    return ModelStatus(name, state, held, footprint, users, idle_s)
+
+
+def test_a_pool_reports_each_model_and_sums_the_loaded_ones():
+    rows = [
+        (status("a", "loaded", held=40, idle_s=3.0), stats(waiting=1, running=2, slots=4, used=10, total=100), 2),
+        (status("b", "loading", held=30, footprint=30, users=5), None, 0),  # held requests wait for the load
+        (status("c", "available", footprint=50, idle_s=600.0), None, 0),
+        (status("d", "loaded", held=20), stats(running=4, slots=4, used=90, total=100), 0),
+    ]
+    load = pool_load(accepting=True, models=rows, queue_capacity=32, budget_bytes=100, used_bytes=90)
+    assert (load.waiting, load.running, load.slots, load.kv_usage) == (3 + 5, 2 + 4, 8, 0.5)
+    assert [(m.name, m.state, m.waiting, m.running, m.memory_bytes, m.last_used_s) for m in load.models] == [
+        ("a", "loaded", 3, 2, 40, 3.0), ("b", "loading", 5, 0, 30, None), ("c", "available", 0, 0, 50, 600.0),
+        ("d", "loaded", 0, 4, 20, None)]
+    assert (load.memory_budget_bytes, load.memory_free_bytes) == (100, 10)
+    assert ServerLoad.model_validate_json(load.model_dump_json()) == load
+
+
+def test_a_pool_with_nothing_loaded_is_ready_with_an_empty_kv():
+    load = pool_load(accepting=True, models=[(status("a", "available"), None, 0)], queue_capacity=32,
+                     budget_bytes=100, used_bytes=0)
+    assert (load.ready, load.slots, load.kv_usage, load.memory_free_bytes) == (True, 0, 0.0, 100)

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("module", ["flotilla_server.http.app", "flotilla_server.http.serve", "flotilla_server.cli"])
+@pytest.mark.parametrize("module", ["flotilla_server.http.app", "flotilla_server.http.serve", "flotilla_server.cli",
+                                    "flotilla_server.http.pool_serve", "flotilla_server.model_cache.policy"])
 def test_module_imports_without_torch(module):
     code = f"import sys, {module}; assert 'torch' not in sys.modules, 'torch was loaded'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

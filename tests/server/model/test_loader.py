@@ -61,7 +61,7 @@ def test_tiny_generates_in_bfloat16():
 
 
 def test_missing_model_says_what_to_pass(tmp_path):
-    with pytest.raises(FileNotFoundError, match="neither 'tiny' nor a directory"):
+    with pytest.raises(FileNotFoundError, match=r"neither 'tiny', a directory nor a \.gguf file"):
         load_model(str(tmp_path / "nope"), "float32", "cpu")
     with pytest.raises(FileNotFoundError, match=r"needs config\.json"):
         load_model(str(tmp_path), "float32", "cpu")
@@ -118,3 +118,22 @@ def test_other_safetensors_beside_model_safetensors_are_ignored(hf_model_dir, tm
     assert (path / "model.safetensors").is_file()
     save_file({"tok_embeddings.weight": torch.zeros(2, 2)}, str(path / "consolidated.safetensors"))
     assert load_model(str(path), "float32", "cpu").config.model_type == "llama"
+
+
+@pytest.mark.parametrize("template_file", ["tokenizer_config.json", "chat_template.jinja"])
+def test_chat_template_loads_from_either_file_like_transformers(hf_model_dir, tmp_path, template_file):
+    """Newer Hugging Face repositories keep the template in chat_template.jinja, older ones in
+    tokenizer_config.json; both load and render as transformers renders them."""
+    import transformers
+
+    path = tmp_path / "model"
+    shutil.copytree(hf_model_dir("llama-gqa"), path)
+    if template_file == "chat_template.jinja":
+        config = json.loads((path / "tokenizer_config.json").read_text())
+        (path / "chat_template.jinja").write_text(config.pop("chat_template"))
+        (path / "tokenizer_config.json").write_text(json.dumps(config))
+    messages = [{"role": "user", "content": "Hello"}]
+    rendered = load_model(str(path), "float32", "cpu").tokenizer.apply_chat_template(messages)
+    expected = transformers.AutoTokenizer.from_pretrained(path).apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True)
+    assert rendered == expected and "Hello" in rendered

@@ -1,0 +1,77 @@
+"""Scale from zero through flotilla-gateway, the whole loop: a cost-first model at zero replicas gets 20
+concurrent requests; the gateway holds them, wakes the model (0 → 1), the operator and the pod runner bring a
+real server up, and every request completes. None is refused, and the model never goes back to zero while
+any is held."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+
+import httpx
+
+from e2e.harness import Loop, inference_model
+from tests.support.gateway_cluster import gateway_process
+
+NAME = "gw-zero"
+REQUESTS = 20
+
+
+async def stream_all(url: str) -> list[tuple[int, float | None, bool]]:
+    """(status, monotonic time of the first token, ended with [DONE]) for each request."""
+    async def one(client: httpx.AsyncClient, i: int) -> tuple[int, float | None, bool]:
+        first: float | None = None
+        done = False
+        async with client.stream("POST", url + "/v1/completions",
+                                 json={"model": NAME, "prompt": f"hello {i}", "max_tokens": 8, "stream": True}) as r:
+            async for line in r.aiter_lines():
+                if line.startswith("data: {") and first is None:
+                    first = time.monotonic()
+                done = done or line == "data: [DONE]"
+            return r.status_code, first, done
+
+    async with httpx.AsyncClient(timeout=180) as client:
+        return await asyncio.gather(*(one(client, i) for i in range(REQUESTS)))
+
+
+def test_held_requests_wake_a_model_at_zero_and_all_complete(loop: Loop, tmp_path) -> None:
+    loop.apply(inference_model(NAME, "cost-first", replicas=0, minReplicas=0, maxReplicas=2,
+                               scaleToZeroAfterSeconds=30, scaleDownStabilizationSeconds=4))
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def watch_replicas() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(Exception):  # a transient API error is not a replica count
+                seen.append(loop.replicas(NAME))
+            stop.wait(0.2)
+
+    try:
+        with gateway_process(loop.k8s.kubeconfig, tmp_path, "--namespace", "default") as gateway:
+            loop.wait(lambda: NAME in httpx.get(gateway.url + "/v1/models").text, 20, "the gateway lists the model")
+            assert loop.replicas(NAME) == 0
+            watcher = threading.Thread(target=watch_replicas, daemon=True)
+            watcher.start()
+            started = time.monotonic()
+            results = asyncio.run(stream_all(gateway.url))
+            stop.set()
+            watcher.join(5)
+        assert [status for status, _, _ in results] == [200] * REQUESTS  # all held, none refused
+        assert all(done for _, _, done in results)
+        first_token = min(t for _, t, _ in results if t is not None)
+        ready_at = min(r.ready_at_s for rs in loop.runner._replicas.values() for r in rs
+                       if r.deployment == NAME and r.ready_at_s is not None)
+        woken = seen.index(1) if 1 in seen else None
+        assert woken is not None and 0 not in seen[woken:], seen  # never back to zero while held
+        annotations = loop.model(NAME)["metadata"].get("annotations") or {}
+        assert "flotilla.dev/woken-at" in annotations
+        dispatch_after_ready_s = first_token - ready_at
+        print(f"\nscale from zero: first request to first token {first_token - started:.2f} s; "
+              f"first token {dispatch_after_ready_s:.2f} s after the first pod turned ready")
+        assert dispatch_after_ready_s < 1.0
+    finally:
+        stop.set()
+        loop.delete(NAME)
+        loop.wait(lambda: loop.runner.processes(NAME) == 0, 30, "servers stopped")

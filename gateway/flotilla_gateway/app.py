@@ -1,0 +1,253 @@
+"""The gateway's HTTP surface and the request path: read, authenticate, look up, hold or route, relay.
+
+Each step is a module of its own (body_guard, keys, route_map, hold_policy, activator, routing, proxy);
+this one wires them into a Starlette app, with probes, /metrics and GET /v1/models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from flotilla_contract.flags import DEFAULT_MAX_BODY_BYTES
+from flotilla_contract.labels import CLASS_HEADER, TENANT_HEADER
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from flotilla_gateway.access_log import log_request
+from flotilla_gateway.activator import Activator, refusal
+from flotilla_gateway.body_guard import read_body
+from flotilla_gateway.errors import GatewayError, error_response
+from flotilla_gateway.hold_policy import admit
+from flotilla_gateway.keys import Tenant, authenticate, authorize
+from flotilla_gateway.kube import KubeClient
+from flotilla_gateway.load_board import DEFAULT_POLL_INTERVAL_S, LoadBoard
+from flotilla_gateway.metrics import GatewayMetrics
+from flotilla_gateway.proxy import HOP_BY_HOP, Outcome, Proxy
+from flotilla_gateway.route_map import ModelRoute
+from flotilla_gateway.routing import default_policy, routing_key
+from flotilla_gateway.waker import Waker
+from flotilla_gateway.watcher import RouteWatcher
+
+STARTUP_WAIT_S = 10.0  # a request arriving before the first listing waits this long for it
+ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
+NO_TENANT = "-"
+
+
+@dataclass
+class GatewaySettings:
+    namespaces: list[str] | None = None  # None: every namespace
+    kubeconfig: str | None = None
+    in_cluster: bool = False
+    keys: dict[str, Tenant] | None = None  # None: no API keys
+    poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    connect_timeout_s: float = 5.0
+    # with keys on, a client's cache_salt is always replaced by its tenant; salt_by_tenant also adds it when
+    # absent, which needs servers that accept `cache_salt` (prefix caching)
+    salt_by_tenant: bool = False
+
+
+class Gateway:
+    def __init__(self, settings: GatewaySettings, kube: KubeClient | None = None) -> None:
+        self.settings = settings
+        self.metrics = GatewayMetrics()
+        self.board = LoadBoard(settings.poll_interval_s)
+        self.kube = kube
+        self.watcher: RouteWatcher | None = None
+        self.activator = Activator(self.board, self.metrics, lambda: self.routes)
+        self.waker = Waker(kube, self.metrics)
+        self.proxy: Proxy | None = None
+        self.session: aiohttp.ClientSession | None = None
+
+    @property
+    def routes(self) -> dict[str, ModelRoute]:
+        return self.watcher.routes if self.watcher is not None else {}
+
+    @property
+    def ready(self) -> bool:
+        return self.watcher is not None and self.watcher.listed.is_set() and not self.activator.draining
+
+    def drain(self) -> None:
+        self.activator.drain()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, _: Starlette) -> AsyncIterator[None]:
+        if self.kube is None:
+            self.kube = KubeClient(self.settings.kubeconfig, self.settings.in_cluster)
+            self.waker.kube = self.kube
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+        self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        self.proxy = Proxy(self.session, self.board, self.metrics, self.activator.pump,
+                           self.settings.connect_timeout_s)
+        self.watcher = RouteWatcher(self.kube, self.settings.namespaces, self._on_routes)
+        self.watcher.start()
+        self.board.start(self.session, self._pods, self._on_load)
+        try:
+            yield
+        finally:
+            self.activator.drain()
+            await self.watcher.stop()
+            await self.board.stop()
+            await self.waker.stop()
+            await self.session.close()
+            await self.kube.close()
+
+    def _pods(self) -> set[str]:
+        return {p for route in self.routes.values() for p in route.pods}
+
+    def _on_routes(self) -> None:
+        self.activator.pump()
+
+    def _on_load(self) -> None:
+        for route in self.routes.values():
+            for view in self.board.views(route.pods):
+                for figure, value in (("in_flight", view.in_flight), ("waiting", view.waiting),
+                                      ("running", view.running), ("kv_usage", view.kv_usage),
+                                      ("age_seconds", view.load_age_s if view.load_age_s is not None else -1)):
+                    self.metrics.pod_load.labels(route.name, route.namespace, view.address, figure).set(value)
+        self.activator.pump()
+        self.activator.refresh_gauges()
+
+    # -- the request path ----------------------------------------------------------------------------
+
+    async def generate(self, request: Request) -> Response:
+        started = time.monotonic()
+        endpoint = ENDPOINTS[request.url.path]
+        model, namespace, tenant, held_s = "", "", NO_TENANT, 0.0
+        outcome = Outcome()
+        try:
+            raw, body = await read_body(request, self.settings.max_body_bytes)
+            model = body["model"]
+            tenant_of_key = None
+            if self.settings.keys is not None:
+                tenant_of_key = authenticate(self.settings.keys, request.headers.get("authorization"))
+                tenant = tenant_of_key.name
+                authorize(tenant_of_key, model)
+            else:
+                tenant = request.headers.get(TENANT_HEADER) or NO_TENANT
+            route = await self._route(model)
+            namespace = route.namespace
+            admission = admit(route, self.activator.held(route), self.activator.draining)
+            if admission.action == "refuse":
+                raise refusal(admission)
+            if admission.action == "hold":
+                if admission.wake:
+                    self.waker.wake(route)
+                gone = asyncio.ensure_future(_disconnected(request))
+                try:
+                    held_s = await self.activator.hold(route, gone)
+                finally:
+                    gone.cancel()
+                route = self.routes.get(model, route)
+            headers = _upstream_headers(request, tenant_of_key)
+            if tenant_of_key is not None and ("cache_salt" in body or self.settings.salt_by_tenant):
+                body["cache_salt"] = tenant_of_key.name  # one tenant cannot probe another's prefix cache
+                raw = json.dumps(body).encode()
+            assert self.proxy is not None
+            policy = default_policy(endpoint, route.policy)
+            key = routing_key(model, endpoint, body)
+
+            def done() -> None:
+                self._finish(request, model, namespace, tenant, outcome.status, started, held_s, outcome)
+
+            return await self.proxy.forward(route, request.url.path, raw, headers, key, policy, outcome, done)
+        except GatewayError as error:
+            self._finish(request, model, namespace, tenant, error.status, started, held_s, outcome, error.code)
+            return error.response()
+
+    async def _route(self, model: str) -> ModelRoute:
+        assert self.watcher is not None
+        if not self.watcher.listed.is_set():
+            try:
+                await asyncio.wait_for(self.watcher.listed.wait(), STARTUP_WAIT_S)
+            except TimeoutError:
+                raise GatewayError(503, "The gateway has not yet listed the fleet from the Kubernetes API: "
+                                        "retry shortly.", code="starting", headers={"Retry-After": "1"}) from None
+        route = self.routes.get(model)
+        if route is None:
+            served = ", ".join(repr(n) for n in sorted(self.routes)) or "no model yet"
+            raise GatewayError(404, f"The model {model!r} does not exist here: this gateway serves {served} "
+                                    "(see GET /v1/models).", param="model", code="model_not_found")
+        return route
+
+    def _finish(self, request: Request, model: str, namespace: str, tenant: str, status: int, started: float,
+                held_s: float, outcome: Outcome, code: str | None = None) -> None:
+        route_label = request.url.path
+        self.metrics.count(model, namespace, status, route_label, tenant)
+        log_request(method=request.method, path=route_label, status=status, model=model,
+                    model_namespace=namespace, tenant=tenant, pod=outcome.pod or None, attempts=outcome.attempts,
+                    held_s=round(held_s, 4), first_byte_s=outcome.first_byte_s and round(outcome.first_byte_s, 4),
+                    duration_s=round(time.monotonic() - started, 4), code=code,
+                    client=request.client.host if request.client else None)
+
+    # -- the other endpoints --------------------------------------------------------------------------
+
+    async def models(self, _: Request) -> Response:
+        data = [{"id": r.name, "object": "model", "owned_by": "flotilla", "namespace": r.namespace,
+                 "ready_replicas": len(r.pods), "replicas": r.replicas,
+                 "status": "degraded" if r.degraded else ("ready" if r.pods else "scaled_to_zero"
+                                                          if r.replicas == 0 else "starting")}
+                for r in sorted(self.routes.values(), key=lambda r: r.name)]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def healthz(self, _: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(self, _: Request) -> Response:
+        if self.ready:
+            return JSONResponse({"status": "ready", "models": len(self.routes)})
+        reason = "draining" if self.activator.draining else "listing the fleet"
+        return JSONResponse({"status": "not ready", "reason": reason}, status_code=503)
+
+    async def metrics_endpoint(self, _: Request) -> Response:
+        return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def app(self) -> Starlette:
+        routes = [Route(path, self.generate, methods=["POST"]) for path in ENDPOINTS]
+        routes += [Route("/v1/models", self.models, methods=["GET"]),
+                   Route("/healthz", self.healthz, methods=["GET"]),
+                   Route("/readyz", self.readyz, methods=["GET"]),
+                   Route("/metrics", self.metrics_endpoint, methods=["GET"])]
+        return Starlette(routes=routes, lifespan=self.lifespan, exception_handlers={HTTPException: _http_error})
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _upstream_headers(request: Request, tenant: Tenant | None) -> dict[str, str]:
+    """The client's headers minus hop-by-hop ones; with keys on, the gateway's tenant replaces the client's
+    tenant and class headers, and the key itself stays here."""
+    stripped = set(HOP_BY_HOP) | {"accept-encoding"}
+    if tenant is not None:
+        stripped |= {"authorization", TENANT_HEADER.lower(), CLASS_HEADER.lower()}
+    headers: dict[str, Any] = {k: v for k, v in request.headers.items() if k.lower() not in stripped}
+    if tenant is not None:
+        headers[TENANT_HEADER] = tenant.name
+    headers["content-type"] = "application/json"
+    return headers
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        message = (f"No route {request.url.path}: the gateway serves POST /v1/chat/completions, "
+                   "POST /v1/completions and GET /v1/models.")
+    elif exc.status_code == 405:
+        allow = (exc.headers or {}).get("Allow")
+        message = f"Method {request.method} is not allowed on {request.url.path}" + (f": use {allow}." if allow else ".")
+    else:
+        message = str(exc.detail)
+    return error_response(exc.status_code, message, headers=exc.headers)

@@ -1,0 +1,90 @@
+"""`flotilla-gateway`: parse the flags, then serve the gateway with uvicorn until SIGTERM.
+
+On SIGTERM (or Ctrl-C) readiness turns false and held requests get 503 with Retry-After at once; uvicorn
+stops accepting connections and lets streams in flight finish for up to --drain-timeout-s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from types import FrameType
+
+import uvicorn
+from flotilla_contract.flags import DEFAULT_MAX_BODY_BYTES
+from flotilla_contract.sizes import parse_bytes
+
+from flotilla_gateway.access_log import configure
+from flotilla_gateway.app import Gateway, GatewaySettings
+from flotilla_gateway.keys import load_keys
+from flotilla_gateway.load_board import DEFAULT_POLL_INTERVAL_S
+
+DEFAULT_PORT = 8080
+DEFAULT_DRAIN_TIMEOUT_S = 30.0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="flotilla-gateway",
+        description="One OpenAI endpoint for a Flotilla fleet: routes on `model`, holds requests while a model "
+                    "scales from zero, balances by load or prompt prefix (docs/gateway.md).")
+    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
+                   help="kubeconfig file to reach the Kubernetes API (default: $KUBECONFIG, then ~/.kube/config).")
+    p.add_argument("--in-cluster", action="store_true",
+                   help="Use the pod's service account instead of a kubeconfig (what the chart sets).")
+    p.add_argument("-n", "--namespace", action="append", dest="namespaces", metavar="NAMESPACE",
+                   help="Watch InferenceModels in this namespace; repeat for several (default: all namespaces).")
+    p.add_argument("--host", default="0.0.0.0", help="Address to listen on.")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port to listen on.")
+    p.add_argument("--api-keys-file", metavar="PATH",
+                   help="YAML/JSON file mapping each API key to {tenant, models} (a mounted Secret); "
+                        "when set, every request needs 'Authorization: Bearer <key>'.")
+    p.add_argument("--salt-cache-by-tenant", action="store_true",
+                   help="With API keys, set every request's cache_salt to its tenant (a client's own cache_salt "
+                        "is always replaced); needs servers that accept cache_salt (prefix caching).")
+    p.add_argument("--poll-interval-s", type=float, default=DEFAULT_POLL_INTERVAL_S,
+                   help="How often each pod's load report is read, seconds.")
+    p.add_argument("--max-body-bytes", type=parse_bytes, default=DEFAULT_MAX_BODY_BYTES,
+                   help="Largest request body accepted, e.g. 4Mi; larger gets 413.")
+    p.add_argument("--connect-timeout-s", type=float, default=5.0,
+                   help="Longest wait to connect to a pod before trying another, seconds.")
+    p.add_argument("--drain-timeout-s", type=float, default=DEFAULT_DRAIN_TIMEOUT_S,
+                   help="On SIGTERM, how long streams in flight may take to finish, seconds.")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    return p
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, plus: the first signal refuses held requests before connections drain."""
+
+    def __init__(self, config: uvicorn.Config, gateway: Gateway) -> None:
+        super().__init__(config)
+        self.gateway = gateway
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.gateway.drain()  # runs on the event loop's thread: signals are delivered to the main thread
+        super().handle_exit(sig, frame)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    configure(args.log_level)
+    keys = None
+    if args.api_keys_file:
+        try:
+            keys = load_keys(args.api_keys_file)
+        except ValueError as error:
+            sys.exit(f"flotilla-gateway: {error}")
+    settings = GatewaySettings(namespaces=args.namespaces, kubeconfig=args.kubeconfig, in_cluster=args.in_cluster,
+                               keys=keys, poll_interval_s=args.poll_interval_s, max_body_bytes=args.max_body_bytes,
+                               connect_timeout_s=args.connect_timeout_s, salt_by_tenant=args.salt_cache_by_tenant)
+    gateway = Gateway(settings)
+    config = uvicorn.Config(gateway.app(), host=args.host, port=args.port, log_level=args.log_level,
+                            access_log=False, timeout_graceful_shutdown=int(args.drain_timeout_s),
+                            lifespan="on")
+    _Server(config, gateway).run()
+
+
+if __name__ == "__main__":
+    main()

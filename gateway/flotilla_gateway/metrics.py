@@ -1,0 +1,53 @@
+"""The gateway's own Prometheus metrics: requests, held requests, hold time, retries, wakes, routing time,
+and each pod's load as the gateway sees it. Every model series carries `model` and `model_namespace`;
+`flotilla_gateway_requests_held` is the autoscaler's pending demand (docs/autoscaling.md)."""
+
+from __future__ import annotations
+
+from flotilla_contract.metrics import GATEWAY_REQUESTS_HELD, MODEL_LABEL, MODEL_NAMESPACE_LABEL
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from flotilla_gateway.route_map import ModelRoute
+
+REQUESTS = "flotilla_gateway_requests"  # exported as flotilla_gateway_requests_total
+HOLD_SECONDS = "flotilla_gateway_hold_seconds"
+OLDEST_HELD_SECONDS = "flotilla_gateway_oldest_held_seconds"
+MAX_WAIT_SECONDS = "flotilla_gateway_hold_max_wait_seconds"
+RETRIES = "flotilla_gateway_upstream_retries"
+WAKES = "flotilla_gateway_wakes"
+ROUTING_SECONDS = "flotilla_gateway_routing_decision_seconds"
+POD_LOAD = "flotilla_gateway_pod_load"
+MODEL = (MODEL_LABEL, MODEL_NAMESPACE_LABEL)
+HOLD_BUCKETS_S = (0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
+ROUTING_BUCKETS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(REQUESTS, "Requests answered, by model, status code, route and tenant.",
+                                [*MODEL, "code", "route", "tenant"], registry=r)
+        self.held = Gauge(GATEWAY_REQUESTS_HELD, "Requests held while the model has no ready pod.",
+                          list(MODEL), registry=r)
+        self.hold_seconds = Histogram(HOLD_SECONDS, "Time a request was held before release or refusal.",
+                                      list(MODEL), buckets=HOLD_BUCKETS_S, registry=r)
+        self.oldest_held = Gauge(OLDEST_HELD_SECONDS, "Age of the oldest held request (0 when none is held).",
+                                 list(MODEL), registry=r)
+        self.max_wait = Gauge(MAX_WAIT_SECONDS, "The model's spec.coldStart.maxWaitSeconds, while requests are held.",
+                              list(MODEL), registry=r)
+        self.retries = Counter(RETRIES, "Requests resent to another pod before their first byte, by reason.",
+                               [*MODEL, "reason"], registry=r)
+        self.wakes = Counter(WAKES, "Scale-from-zero writes, by result (woken, lost_race, failed).",
+                             [*MODEL, "result"], registry=r)
+        self.routing_seconds = Histogram(ROUTING_SECONDS, "Time to choose a pod, by policy.", ["policy"],
+                                         buckets=ROUTING_BUCKETS_S, registry=r)
+        self.pod_load = Gauge(POD_LOAD, "Each pod's load as the gateway sees it, by figure "
+                                        "(in_flight, waiting, running, kv_usage, age_seconds).",
+                              [*MODEL, "pod", "figure"], registry=r)
+
+    def count(self, model: str, namespace: str, code: int, route: str, tenant: str) -> None:
+        self.requests.labels(model, namespace, str(code), route, tenant).inc()
+
+    def wake(self, route: ModelRoute, result: str) -> None:
+        self.wakes.labels(route.name, route.namespace, result).inc()

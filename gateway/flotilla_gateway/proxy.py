@@ -1,0 +1,152 @@
+"""Sends a request to a pod and streams the answer back, unbuffered.
+
+Rules (docs/gateway.md, "Passing through"):
+- retries happen only before the first byte reaches the client, at most MAX_RETRIES times, each to a pod
+  not tried yet: on connect errors, on 502/503/504, and on a pod's 429 when another pod has room;
+- once the status line is passed on, bytes are forwarded as they arrive and never retried;
+- a client that leaves closes the upstream connection, so the server cancels the request and frees its KV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+from starlette.types import Receive, Scope, Send
+
+from flotilla_gateway.errors import GatewayError
+from flotilla_gateway.load_board import LoadBoard
+from flotilla_gateway.metrics import GatewayMetrics
+from flotilla_gateway.route_map import ModelRoute
+from flotilla_gateway.routing import Policy, choose, retry_has_room
+
+MAX_RETRIES = 2
+RETRY_STATUSES = (502, 503, 504)
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+                        "transfer-encoding", "upgrade", "host", "content-length"})
+
+
+@dataclass
+class Outcome:
+    """What the access log and metrics record of one proxied request."""
+
+    pod: str = ""
+    attempts: int = 0
+    status: int = 0
+    first_byte_s: float | None = None
+    tried: set[str] = field(default_factory=set)
+
+
+class Proxy:
+    def __init__(self, session: aiohttp.ClientSession, board: LoadBoard, metrics: GatewayMetrics,
+                 on_finish: Callable[[], None], connect_timeout_s: float = 5.0) -> None:
+        self.session = session
+        self.board = board
+        self.metrics = metrics
+        self.on_finish = on_finish  # a pod's in-flight count fell: held requests may go
+        self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
+
+    def _pick(self, route: ModelRoute, key: str, policy: Policy, tried: set[str]) -> str | None:
+        started = time.perf_counter()
+        pod = choose(self.board.views(p for p in route.pods if p not in tried), key, policy)
+        self.metrics.routing_seconds.labels(policy).observe(time.perf_counter() - started)
+        return pod.address if pod is not None else None
+
+    async def forward(self, route: ModelRoute, path: str, body: bytes, headers: dict[str, str], key: str,
+                      policy: Policy, outcome: Outcome, on_done: Callable[[], None]) -> Relay:
+        """The pod's response, streaming; GatewayError when no pod could answer. `on_done` runs once the
+        stream ends, however it ends. The first pod is picked before the first await (see activator)."""
+        last_error, retry_reason = "no ready pod", ""
+        while outcome.attempts <= MAX_RETRIES:
+            address = self._pick(route, key, policy, outcome.tried)
+            if address is None:
+                break
+            if retry_reason:  # counted when the retry really goes out
+                self.metrics.retries.labels(route.name, route.namespace, retry_reason).inc()
+            outcome.attempts += 1
+            outcome.tried.add(address)
+            outcome.pod = address
+            self.board.in_flight[address] = self.board.in_flight.get(address, 0) + 1
+            started = time.monotonic()
+            try:
+                upstream = await self.session.post(f"http://{address}{path}", data=body, headers=headers,
+                                                   timeout=self.timeout, auto_decompress=False)
+            except (aiohttp.ClientConnectionError, TimeoutError, OSError) as error:
+                self._release(address)
+                last_error, retry_reason = f"{address} unreachable ({type(error).__name__})", "connect_error"
+                continue
+            except BaseException:
+                self._release(address)
+                raise
+            retry = upstream.status in RETRY_STATUSES or (
+                upstream.status == 429 and retry_has_room(self.board.views(route.pods), outcome.tried))
+            if retry and outcome.attempts <= MAX_RETRIES and len(outcome.tried) < len(route.pods):
+                upstream.close()
+                self._release(address)
+                last_error, retry_reason = f"{address} answered {upstream.status}", str(upstream.status)
+                continue
+            outcome.status = upstream.status
+            outcome.first_byte_s = time.monotonic() - started
+
+            def finish(address: str = address) -> None:
+                self._release(address)
+                on_done()
+
+            return Relay(upstream, outcome, finish)
+        raise GatewayError(502, f"No pod of the model {route.name!r} could take the request ({last_error}, "
+                                f"{outcome.attempts} attempts): retry shortly.", code="upstream_unavailable",
+                           headers={"Retry-After": "1"})
+
+    def _release(self, address: str) -> None:
+        left = self.board.in_flight.get(address, 1) - 1
+        if left > 0:
+            self.board.in_flight[address] = left
+        else:
+            self.board.in_flight.pop(address, None)
+        self.on_finish()
+
+
+class Relay:
+    """An ASGI response that forwards the pod's status, headers and bytes as they arrive. It watches the
+    client at the same time: a client that leaves closes the upstream connection at once, even while the
+    pod sends nothing (the server then cancels the request and frees its KV)."""
+
+    def __init__(self, upstream: aiohttp.ClientResponse, outcome: Outcome, on_close: Callable[[], None]) -> None:
+        self.upstream = upstream
+        self.outcome = outcome
+        self.on_close = on_close
+        self.status_code = upstream.status
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.upstream.headers.items()
+                   if k.lower() not in HOP_BY_HOP]
+        relay = asyncio.create_task(self._relay(send, headers))
+        watch = asyncio.create_task(self._watch(receive))
+        try:
+            await asyncio.wait((relay, watch), return_when=asyncio.FIRST_COMPLETED)
+            if watch.done() and not relay.done():
+                self.outcome.status = 499  # the client left mid-stream
+        finally:
+            for task in (relay, watch):
+                task.cancel()
+            for task in (relay, watch):
+                with contextlib.suppress(BaseException):
+                    await task
+            self.upstream.close()
+            self.on_close()
+
+    async def _relay(self, send: Send, headers: list[tuple[bytes, bytes]]) -> None:
+        await send({"type": "http.response.start", "status": self.upstream.status, "headers": headers})
+        with contextlib.suppress(aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
+            async for chunk in self.upstream.content.iter_any():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    @staticmethod
+    async def _watch(receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass

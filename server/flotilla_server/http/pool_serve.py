@@ -1,0 +1,38 @@
+"""Serve several models from one memory budget (multi-model mode): the model cache behind the pool front,
+drained on SIGTERM like a single-model server (serve.DrainingServer)."""
+
+from __future__ import annotations
+
+import uvicorn
+
+from flotilla_server.http.bounded_protocol import BoundedH11Protocol
+from flotilla_server.http.pool_front import PoolFront
+from flotilla_server.http.pool_routes import create_pool_app
+from flotilla_server.http.serve import DrainingServer, curl_example
+from flotilla_server.http.settings import ServerSettings
+from flotilla_server.model_cache.cache import ModelCache
+from flotilla_server.model_cache.status import CacheHooks
+
+
+def build_front(settings: ServerSettings, cache: ModelCache) -> PoolFront:
+    front = PoolFront(cache, settings)
+    cache.hooks = CacheHooks(evicting=front.evicting, load_seconds=front.metrics.load_seconds.observe)
+    front.routes = create_pool_app(front)
+    return front
+
+
+def serve_pool(settings: ServerSettings, cache: ModelCache) -> int:
+    """Serve until drained; stops the load worker and every engine on the way out."""
+    front = build_front(settings, cache)
+    config = uvicorn.Config(front, host=settings.host, port=settings.port, log_level=settings.log_level,
+                            timeout_graceful_shutdown=1, access_log=False, http=BoundedH11Protocol, lifespan="on")
+    server = DrainingServer(config, front, settings.drain_timeout_s)
+    names = cache.names()
+    print(f"flotilla-server: serving {len(names)} model(s) ({', '.join(names)}) within a memory budget of "
+          f"{cache.budget_bytes} bytes on http://{settings.host}:{settings.port}; each loads on its first "
+          f"request; try:\n  {curl_example(settings, names[0] if names else 'NAME')}", flush=True)
+    try:
+        server.run()
+    finally:
+        cache.shutdown()
+    return 0

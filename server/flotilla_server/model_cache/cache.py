@@ -1,0 +1,315 @@
+"""The model cache of a multi-model server: which models are loaded, one load worker, eviction by policy.
+
+Requests reach a model through `acquire` (on the event loop) and give it back with `release`; a model with
+holders is busy and never evicted. Loads run one at a time on one worker thread, so the event loop never
+waits on a load; the heavy part (reading weights) is the engines' business, and the in-process engines do
+it in a niced helper process on one thread, so resident models keep their CPU and the GIL while another
+model loads. The worker itself is not niced: a niced thread holding the GIL would stall the engines. What to evict is `policy.decide_load`'s answer, never decided here
+(docs/architecture.md, "Model cache"). Engines are started and stopped only through `engines.Engines`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from flotilla_server.model_cache.engines import Engines, ModelEngine
+from flotilla_server.model_cache.policy import Action, Resident, decide_load
+from flotilla_server.model_cache.specs import ModelListFile, ModelSpec, merge
+from flotilla_server.model_cache.status import (
+    AVAILABLE,
+    LOADED,
+    LOADING,
+    CacheHooks,
+    Infeasible,
+    LoadFailed,
+    LoadTimeout,
+    ModelStatus,
+    UnknownModel,
+)
+
+log = logging.getLogger("flotilla.model_cache")
+
+LIST_POLL_S = 1.0  # how often the model list file is checked for changes
+_IDLE_WAIT_S = 1.0  # the worker re-checks the list file and waiting loads at least this often
+
+@dataclass(eq=False)
+class _Entry:
+    spec: ModelSpec
+    footprint_bytes: int
+    state: str = AVAILABLE
+    handle: ModelEngine | None = None
+    loaded_at_s: float = 0.0
+    last_used_s: float = 0.0  # monotonic; 0: never used
+    users: int = 0  # requests holding the model or waiting for its load
+    waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = field(default_factory=list)
+    listed: bool = True  # still in the flags or the list file
+
+
+class ModelCache:
+    def __init__(self, engines: Engines, specs: tuple[ModelSpec, ...], budget_bytes: int, min_residency_s: float,
+                 list_file: str | None = None, hooks: CacheHooks | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.engines = engines
+        self.budget_bytes = budget_bytes
+        self.min_residency_s = min_residency_s
+        self.hooks = hooks or CacheHooks()
+        self._clock = clock
+        self._flag_specs = specs
+        self._list = ModelListFile(list_file) if list_file else None
+        self._cond = threading.Condition()
+        self._entries: dict[str, _Entry] = {}
+        self._pending: list[str] = []  # loads asked for, oldest first
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._list_checked_s = float("-inf")
+        self._set_specs(specs)
+
+    # --- membership -----------------------------------------------------------------------------
+
+    def _set_specs(self, specs: tuple[ModelSpec, ...]) -> None:
+        """Register new names, forget unlisted idle ones; a source that cannot be read is skipped, logged."""
+        wanted = {s.name: s for s in specs}
+        with self._cond:
+            for name, spec in wanted.items():
+                entry = self._entries.get(name)
+                if entry is not None and entry.spec == spec:
+                    entry.listed = True
+                    continue
+                if entry is not None and entry.state != AVAILABLE:
+                    log.warning("model %s: source changed to %s; it is used after its unload", name, spec.source)
+                    continue
+                try:
+                    footprint = self.engines.footprint_bytes(spec.source)
+                except ValueError as e:
+                    log.error("model %s is not served: %s", name, e)
+                    continue
+                self._entries[name] = _Entry(spec, footprint)
+            for name, entry in list(self._entries.items()):
+                if name not in wanted:
+                    entry.listed = False
+                    if entry.state == AVAILABLE and entry.users == 0:
+                        del self._entries[name]
+            self._cond.notify_all()
+
+    def _refresh_list(self) -> None:
+        if self._list is None or self._clock() - self._list_checked_s < LIST_POLL_S:
+            return
+        self._list_checked_s = self._clock()
+        try:
+            specs = self._list.read_if_changed()
+        except (OSError, ValueError) as e:
+            log.warning("model list %s not read (%s); keeping the models listed before", self._list.path, e)
+            return
+        if specs is not None:
+            try:
+                self._set_specs(merge(self._flag_specs, specs))
+            except ValueError as e:
+                log.warning("model list %s: %s; keeping the models listed before", self._list.path, e)
+                return
+            log.info("model list %s: %s", self._list.path, ", ".join(s.name for s in specs) or "(empty)")
+
+    def check_list_now(self) -> None:
+        """Read the list file now if it changed (tests; the worker does it every LIST_POLL_S)."""
+        self._list_checked_s = float("-inf")
+        self._refresh_list()
+
+    # --- requests (event loop) ------------------------------------------------------------------
+
+    async def acquire(self, name: str, timeout_s: float) -> ModelEngine:
+        """The model's engine, loading it first if needed; pair every success with `release(name)`.
+        Raises UnknownModel, Infeasible (never fits), LoadTimeout or LoadFailed."""
+        loop = asyncio.get_running_loop()
+        with self._cond:
+            entry = self._entries.get(name)
+            if entry is None or not entry.listed:
+                raise UnknownModel(name)
+            if entry.footprint_bytes > self.budget_bytes:
+                raise Infeasible(name)
+            entry.users += 1
+            entry.last_used_s = self._clock()
+            if entry.state == LOADED and entry.handle is not None:
+                return entry.handle
+            future: asyncio.Future = loop.create_future()
+            entry.waiters.append((loop, future))
+            if entry.state == AVAILABLE and name not in self._pending:
+                self._pending.append(name)
+                self._cond.notify_all()
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except TimeoutError:
+            self.release(name)
+            raise LoadTimeout(name) from None
+        except BaseException:
+            self.release(name)
+            raise
+
+    def release(self, name: str) -> None:
+        with self._cond:
+            entry = self._entries.get(name)
+            if entry is None:
+                return
+            entry.users -= 1
+            assert entry.users >= 0, name
+            entry.last_used_s = self._clock()
+            entry.waiters = [(lp, f) for lp, f in entry.waiters if not f.done()]
+            if entry.users == 0 and name in self._pending:
+                self._pending.remove(name)  # nobody waits for it any more
+            self._cond.notify_all()
+
+    def is_loaded(self, name: str) -> bool:
+        with self._cond:
+            entry = self._entries.get(name)
+            return entry is not None and entry.state == LOADED
+
+    def footprint_bytes(self, name: str) -> int | None:
+        entry = self._entries.get(name)
+        return entry.footprint_bytes if entry is not None and entry.listed else None
+
+    def names(self) -> list[str]:
+        with self._cond:
+            return [n for n, e in self._entries.items() if e.listed]
+
+    def status(self) -> list[ModelStatus]:
+        now = self._clock()
+        with self._cond:
+            return [ModelStatus(n, e.state, self._held(e), e.footprint_bytes, e.users,
+                                now - e.last_used_s if e.last_used_s else None)
+                    for n, e in self._entries.items() if e.listed or e.state != AVAILABLE]
+
+    def handles(self) -> list[ModelEngine]:
+        with self._cond:
+            return [e.handle for e in self._entries.values() if e.handle is not None]
+
+    @staticmethod
+    def _held(e: _Entry) -> int:
+        if e.state == LOADED and e.handle is not None:
+            return e.handle.memory_bytes
+        return e.footprint_bytes if e.state == LOADING else 0
+
+    def used_bytes(self) -> int:
+        with self._cond:
+            return sum(self._held(e) for e in self._entries.values())
+
+    # --- the load worker ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.engines.start()
+        self._thread = threading.Thread(target=self._run, name="flotilla-model-loader", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout_s: float = 30.0, close_engines: bool = True) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        for handle in self.handles():
+            handle.engine.shutdown()
+        if close_engines:
+            self.engines.close()
+
+    def _run(self) -> None:
+        while True:
+            self._refresh_list()
+            with self._cond:
+                if self._stop:
+                    return
+                unlisted = self._take_unlisted()
+            for name in unlisted:
+                self._evict(name)
+            with self._cond:
+                work = self._next_load()
+                if work is None:
+                    self._cond.wait(_IDLE_WAIT_S)
+                    continue
+                name, victims, wait_s = work
+                if wait_s is not None:
+                    self._cond.wait(min(wait_s, _IDLE_WAIT_S) if wait_s > 0 else _IDLE_WAIT_S)
+                    continue
+            for victim in victims:
+                self._evict(victim)
+            self._load(name)
+
+    def _next_load(self) -> tuple[str, tuple[str, ...], float | None] | None:
+        """Under the lock: the oldest pending load and its victims, or a wait (seconds) before asking again."""
+        if not self._pending:
+            return None
+        name = self._pending[0]
+        entry = self._entries[name]
+        residents = [Resident(n, self._held(e), e.loaded_at_s, e.last_used_s, e.users > 0 or e.state == LOADING)
+                     for n, e in self._entries.items() if e.state != AVAILABLE]
+        d = decide_load(entry.footprint_bytes, residents, self.budget_bytes, self._clock(), self.min_residency_s)
+        if d.action == Action.LOAD:
+            self._pending.pop(0)
+            entry.state = LOADING
+            for victim in d.evict:
+                self._entries[victim].state = AVAILABLE  # no new holder may take it from here on
+            return name, d.evict, None
+        if d.action == Action.REFUSE:  # acquire refuses these first; the budget cannot shrink
+            self._pending.pop(0)
+            self._fail(entry, LoadFailed(f"{name} is larger than the memory budget"))
+            return None
+        return name, (), d.retry_after_s if d.retry_after_s is not None else 0.0
+
+    def _take_unlisted(self) -> list[str]:
+        """Under the lock: loaded models gone from the list and idle, marked for unloading."""
+        names = [n for n, e in self._entries.items() if not e.listed and e.state == LOADED and e.users == 0]
+        for name in names:
+            self._entries[name].state = AVAILABLE
+        return names
+
+    def _evict(self, name: str) -> None:
+        with self._cond:
+            entry = self._entries[name]
+            handle, entry.handle = entry.handle, None
+            if not entry.listed and entry.users == 0:
+                del self._entries[name]
+        if handle is None:
+            return
+        log.info("evicting model %s (%d bytes)", name, handle.memory_bytes)
+        self.hooks.evicting(name)
+        self.engines.unload(handle)
+        del handle
+        self.hooks.evicted(name)
+
+    def _load(self, name: str) -> None:
+        entry = self._entries[name]
+        log.info("loading model %s from %s", name, entry.spec.source)
+        start_s = time.monotonic()
+        try:
+            handle = self.engines.load(name, entry.spec.source)
+        except Exception as e:  # a broken model must fail its requests, never the worker
+            log.exception("model %s failed to load", name)
+            with self._cond:
+                entry.state = AVAILABLE
+                self._fail(entry, LoadFailed(f"{name} failed to load: {e}"))
+            return
+        load_s = time.monotonic() - start_s
+        self.hooks.load_seconds(load_s)
+        log.info("model %s loaded in %.2f s (%d bytes)", name, load_s, handle.memory_bytes)
+        with self._cond:
+            entry.handle, entry.state = handle, LOADED
+            entry.loaded_at_s = self._clock()
+            waiters, entry.waiters = entry.waiters, []
+            self._cond.notify_all()
+        for loop, future in waiters:
+            loop.call_soon_threadsafe(_resolve, future, handle, None)
+
+    def _fail(self, entry: _Entry, error: Exception) -> None:
+        waiters, entry.waiters = entry.waiters, []
+        for loop, future in waiters:
+            loop.call_soon_threadsafe(_resolve, future, None, error)
+
+
+def _resolve(future: asyncio.Future, handle: ModelEngine | None, error: Exception | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(handle)

@@ -1,0 +1,46 @@
+"""The one interface between the model cache and the engines it starts and stops.
+
+The cache knows only `Engines` (footprint_bytes, load, unload) and the `ModelEngine` handle it returns
+(docs/architecture.md, "Model cache"). The implementation is `engine_processes.EngineProcesses`: a load
+starts an engine process and returns a handle holding that process's client. Torch-free, so the HTTP layer
+may name the handle's type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from flotilla_server.engine.client import EngineClient
+
+
+@dataclass(frozen=True, eq=False)
+class ModelEngine:
+    """A loaded model: its started engine and what the HTTP layer needs to serve it."""
+
+    name: str
+    source: str
+    engine: EngineClient
+    tokenizer: Any  # flotilla_server.model.tokenizer.Tokenizer
+    vocab_size: int
+    max_model_len: int
+    memory_bytes: int  # weights and KV pool, as measured once loaded
+    description: str = ""
+    is_demonstration: bool = False
+
+
+class Engines(Protocol):
+    def footprint_bytes(self, source: str) -> int:
+        """Memory the model will hold once loaded, before loading it; ValueError if the source is unusable."""
+
+    def load(self, name: str, source: str) -> ModelEngine:
+        """Load and start; runs on the cache's load worker, never on the event loop."""
+
+    def unload(self, handle: ModelEngine) -> None:
+        """Stop the engine and free its memory; the caller has dropped every other reference to it."""
+
+    def start(self) -> None:
+        """Before the first load (helpers, warm-up); may do nothing."""
+
+    def close(self) -> None:
+        """After the last unload: stop what `start` started."""
