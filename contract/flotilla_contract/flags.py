@@ -19,11 +19,13 @@ DEFAULT_QUEUE_DEPTH_PER_SLOT = 8
 DEFAULT_QUEUE_TIMEOUT_S = 30.0
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 # Multi-model mode (docs/serving.md, "Multi-model mode")
 DEFAULT_POOL_KV_CACHE_MEMORY = "256Mi"  # each loaded model's fixed KV pool, counted in the memory budget
 DEFAULT_LOAD_TIMEOUT_S = 120.0
 DEFAULT_MIN_RESIDENCY_S = 60.0
 DTYPES = ("float32", "bfloat16", "float16")
+ENGINE_MODES = ("process", "inprocess")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 PREFIX_CACHING = ("on", "off")
 
@@ -76,11 +78,16 @@ SERVER_FLAGS: tuple[Flag, ...] = (
     Flag("--block-size", "block_size", "int", DEFAULT_BLOCK_SIZE, "KV-cache positions per block (a power of two)."),
     Flag("--num-kv-blocks", "num_kv_blocks", "int", None,
          "KV-cache pool size in blocks (overrides --kv-cache-memory)."),
+    Flag("--gpu-memory-utilization", "gpu_memory_utilization", "float", DEFAULT_GPU_MEMORY_UTILIZATION,
+         "Share of the device's memory the server may use (weights, activations, KV cache); the KV pool gets "
+         "what is left after the weights and one profiled step. On CPU: the share of the container's memory "
+         "limit (or of the memory available), and the pool never exceeds every slot at --max-model-len."),
     Flag("--kv-cache-memory", "kv_cache_memory_bytes", "bytes", None,
-         "KV-cache pool size in bytes, e.g. 8Gi; default: enough for every slot at --max-model-len "
-         f"(multi-model mode: each model's fixed pool, default {DEFAULT_POOL_KV_CACHE_MEMORY})."),
+         "KV-cache pool size in bytes, e.g. 8Gi (overrides --gpu-memory-utilization; "
+         f"multi-model mode: each model's fixed pool, default {DEFAULT_POOL_KV_CACHE_MEMORY})."),
     Flag("--max-model-len", "max_model_len", "int", None,
-         "Context limit (prompt + output tokens); default: the model's."),
+         "Context limit (prompt + output tokens); default: the model's, capped by what the KV pool holds "
+         "for one sequence."),
     Flag("--queue-depth-per-slot", "queue_depth_per_slot", "int", DEFAULT_QUEUE_DEPTH_PER_SLOT,
          "Admission queue depth per slot; the queue holds this × --max-num-seqs before answering 429."),
     Flag("--queue-timeout-s", "queue_timeout_s", "float", DEFAULT_QUEUE_TIMEOUT_S,
@@ -93,6 +100,9 @@ SERVER_FLAGS: tuple[Flag, ...] = (
     Flag("--device", "device", "str", "cpu", "cpu or cuda[:N]."),
     Flag("--max-body-bytes", "max_body_bytes", "bytes", DEFAULT_MAX_BODY_BYTES,
          "Largest request body accepted; larger gets 413."),
+    Flag("--engine-mode", "engine_mode", "str", "process",
+         "process: the engine runs in its own process (no shared GIL with HTTP); inprocess: on a thread of the "
+         "HTTP process (tests, comparison)."),
     Flag("--log-level", "log_level", "str", "info", f"{', '.join(LOG_LEVELS)}."),
     Flag("--api-key", "api_key", "str", None,
          "Require 'Authorization: Bearer <key>' on the OpenAI endpoints (/v1/...), else 401; probes, /metrics "

@@ -19,6 +19,7 @@ import pydantic
 
 from flotilla_operator import metrics, pod_health, rfc3339, types
 from flotilla_operator.apply import execute, observe
+from flotilla_operator.deprecations import deprecations
 from flotilla_operator.events import object_ref, post_event
 from flotilla_operator.kube import KubeClient, KubeError
 from flotilla_operator.manifests import (
@@ -133,13 +134,22 @@ async def reconcile(ctx: Context, body: dict[str, Any], logger: logging.Logger |
         if problem.message not in old_messages:
             logger.info(f"cannot honour the spec: {problem.message}")
             await post_event(ctx.kube, ref, "Warning", problem.reason, problem.message)
+    old_deprecations = _condition_message(previous, "Deprecated")
+    for message in deprecations(spec):  # once per object: the Deprecated condition remembers it
+        if message not in old_deprecations:
+            logger.info(message)
+            await post_event(ctx.kube, ref, "Warning", "DeprecatedField", message)
+
+
+def _condition_message(status: dict[str, Any] | None, type_: str) -> str:
+    for condition in (status or {}).get("conditions") or []:
+        if condition.get("type") == type_ and condition.get("status") == "True":
+            return condition.get("message", "")
+    return ""
 
 
 def _problem_messages(status: dict[str, Any] | None) -> str:
-    for condition in (status or {}).get("conditions") or []:
-        if condition.get("type") == "Degraded" and condition.get("status") == "True":
-            return condition.get("message", "")
-    return ""
+    return _condition_message(status, "Degraded")
 
 
 def _known_problems(status: dict[str, Any] | None) -> list[Problem]:
@@ -174,9 +184,10 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
             spec = types.parse_spec(obj.get("spec") or {})
             desired, max_replicas, served_name = desired_replicas(spec), spec.scaling.max_replicas, spec.model.name
             pool_name = spec.pool if joins_pool(spec) else None
+            deprecated = tuple(deprecations(spec))
         except pydantic.ValidationError:
             desired, max_replicas = int((obj.get("spec") or {}).get("replicas") or 0), 0
-            served_name, pool_name = name, None
+            served_name, pool_name, deprecated = name, None, ()
         serving = await pool_serving(ctx.kube, spec, namespace) if pool_name is not None else None
         pods: list[dict[str, Any]] = []  # a member's pods are the pool's: their failures show on the ModelPool
         if serving is not None:  # a member reports the pool's pods: its own replicas do not apply
@@ -193,6 +204,7 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
             problems=tuple(_known_problems(previous) if problems is None else problems),
             previous_status=previous,
             pod_problem=pod_health.summarize(pods, time.time()),
+            deprecations=deprecated,
         )
         new = compute_status(observed, endpoint(name, namespace), pod_selector_string(name), rfc3339.now())
         if pool_name is not None or previous.get("pool"):

@@ -55,8 +55,13 @@ PODS_TEXT = """\
 | `image` | init container `copy-model` copies `PATH` out of the model image into an `emptyDir` (works on every Kubernetes version, unlike image volumes) | `/models/model` |
 
 - Arguments: every `spec.server` field becomes the matching `flotilla-server` flag; defaults come from
-  `flotilla_contract.flags`. `kvCacheMemoryFraction` becomes `--kv-cache-memory` bytes: that share of
-  `resources.gpuMemory` on GPU pods (omitted when `gpuMemory` is unset) or of `resources.memory` on CPU pods.
+  `flotilla_contract.flags`. `gpuMemoryUtilization` becomes `--gpu-memory-utilization`: the server loads the
+  weights, profiles one step and gives the KV cache the rest of that share of the GPU (on CPU pods, of the
+  container's memory limit, capped at every slot at the context limit); unset, the server's default 0.9.
+  The deprecated `kvCacheMemoryFraction` (one more release) still becomes `--kv-cache-memory` bytes, that share of
+  `resources.gpuMemory` on GPU pods (omitted when `gpuMemory` is unset) or of `resources.memory` on CPU pods,
+  unless `gpuMemoryUtilization` is set; the model gets one `DeprecatedField` Warning event and a `Deprecated`
+  condition, never `Degraded`. `resources.gpuMemory` is read only for that field.
 - Resources: requests equal limits; `nvidia.com/gpu` when `gpus > 0`, with `--device cuda`, bfloat16 by
   default, the `nvidia.com/gpu.product` node selector from `gpuType`, and a memory-backed `/dev/shm`.
 - Probes: startup on `/healthz` (2 minutes for `tiny`, 15 minutes for downloaded or mounted models),

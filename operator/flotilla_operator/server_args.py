@@ -25,9 +25,10 @@ def dtype(spec: InferenceModelSpec) -> str:
 
 
 def kv_cache_bytes(spec: InferenceModelSpec) -> int | None:
-    """kvCacheMemoryFraction of one GPU's memory (GPU pods) or of the container's memory (CPU pods)."""
+    """The deprecated kvCacheMemoryFraction, kept for one release: that share of one GPU's memory (GPU pods)
+    or of the container's memory (CPU pods), as `--kv-cache-memory`; gpuMemoryUtilization replaces it."""
     fraction = spec.server.kv_cache_memory_fraction
-    if fraction is None:
+    if fraction is None or spec.server.gpu_memory_utilization is not None:
         return None
     if spec.resources.gpus > 0:
         if spec.resources.gpu_memory is None:
@@ -59,6 +60,8 @@ def render_server_args(spec: InferenceModelSpec, model_arg: str) -> list[str]:
         ("--dtype", dtype(spec)),
         ("--device", device(spec)),
     ]
+    if server.gpu_memory_utilization is not None:
+        values.append(("--gpu-memory-utilization", server.gpu_memory_utilization))
     if (kv_bytes := kv_cache_bytes(spec)) is not None:
         values.append(("--kv-cache-memory", kv_bytes))
     if server.max_model_len is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-OWNED_CONDITIONS = ("Ready", "Progressing", "Degraded")
+OWNED_CONDITIONS = ("Ready", "Progressing", "Degraded", "Deprecated")
 MESSAGE_COLUMN_CHARS = 100  # status.message is a printer column: the whole story is in the Degraded condition
 
 
@@ -30,6 +30,7 @@ class Observed:
     problems: tuple[Problem, ...] = ()
     previous_status: dict[str, Any] | None = None
     pod_problem: Problem | None = None  # why pods fail (pod_health.summarize), found on every write
+    deprecations: tuple[str, ...] = ()  # deprecated fields the spec uses (deprecations.py)
 
 
 def _deployment_counts(deployment: dict[str, Any] | None) -> tuple[int, int, int, bool]:
@@ -102,6 +103,10 @@ def compute_status(observed: Observed, endpoint: str, selector: str, now: str) -
         _condition("Progressing", *progressing, before, generation, now),
         _condition("Degraded", *degraded, before, generation, now),
     ]
+    if observed.deprecations or "Deprecated" in before:  # shown only to objects that ever used one
+        deprecated = (True, "DeprecatedField", "; ".join(observed.deprecations)) if observed.deprecations else (
+            False, "AsExpected", "")
+        owned.append(_condition("Deprecated", *deprecated, before, generation, now))
     others = [c for c in previous_status.get("conditions") or [] if c.get("type") not in OWNED_CONDITIONS]
     return {
         "phase": phase,

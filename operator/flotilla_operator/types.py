@@ -117,7 +117,7 @@ class ResourcesSpec(ApiModel):
     )
     gpu_memory: str | None = Field(
         None,
-        description="gpuMemory is the memory of one GPU (a quantity, e.g. `80Gi`); with server.kvCacheMemoryFraction it sizes the KV cache.",
+        description="gpuMemory is the memory of one GPU (a quantity, e.g. `80Gi`). Only the deprecated server.kvCacheMemoryFraction reads it; the server measures the GPU itself (server.gpuMemoryUtilization).",
         pattern=QUANTITY,
     )
     cpu: str = Field("2", description="cpu is the CPU request and limit of each replica (a quantity).", pattern=QUANTITY)
@@ -235,13 +235,19 @@ class ServerSpec(ApiModel):
     block_size: int = Field(
         server_flags.DEFAULT_BLOCK_SIZE, description="blockSize is the KV positions per cache block (a power of two).", ge=1, le=256
     )
-    kv_cache_memory_fraction: float | None = Field(
+    gpu_memory_utilization: float | None = Field(
         None,
-        description="kvCacheMemoryFraction is the share of memory given to the KV cache: of resources.gpuMemory per GPU, or of resources.memory on CPU. Unset lets the server size it.",
+        description="gpuMemoryUtilization is the share of one GPU's memory the server may use, as in vLLM: after the weights and one profiled step, the KV cache gets the rest. On a CPU pod it is the share of the container's memory limit, and the KV cache never exceeds every slot at maxModelLen. Unset: the server's default, 0.9.",
         gt=0,
         le=1,
     )
-    max_model_len: int | None = Field(None, description="maxModelLen caps the context length; unset takes the model's own.", ge=1)
+    kv_cache_memory_fraction: float | None = Field(
+        None,
+        description="kvCacheMemoryFraction is deprecated: use gpuMemoryUtilization (it is accepted for one release, with a Warning event). It is the share of memory given to the KV cache alone: of resources.gpuMemory per GPU, or of resources.memory on CPU. Ignored when gpuMemoryUtilization is set.",
+        gt=0,
+        le=1,
+    )
+    max_model_len: int | None = Field(None, description="maxModelLen caps the context length; unset takes the model's own, capped by what the KV cache holds for one sequence.", ge=1)
     queue_depth_per_slot: int = Field(
         server_flags.DEFAULT_QUEUE_DEPTH_PER_SLOT, description="queueDepthPerSlot bounds the admission queue at this many waiting requests per slot.", ge=0
     )

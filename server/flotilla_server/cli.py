@@ -118,7 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # 25 % slower (3.9k against 5.1k output tokens/s on tiny), the engine and the loop fighting for a core.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) - 1)))
     # heavy imports (torch) only once the flags are valid
+    from flotilla_server.engine.client import EngineStartError
     from flotilla_server.engine.factory import build_engine
+    from flotilla_server.engine.messages import EngineOptions
     from flotilla_server.http.serve import ServedModel, configure_logging, serve
 
     configure_logging(settings)
@@ -128,23 +130,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         if settings.multi_model:
             return _main_multi_model(settings)
         # the loader and the engine raise these, saying what to change, for a model or size that cannot serve
-        engine, loaded, max_model_len = build_engine(settings.engine_config())
-    except (FileNotFoundError, ValueError) as e:
+        engine, info = build_engine(settings.engine_config(), settings.engine_mode,  # type: ignore[arg-type]
+                                    EngineOptions(log_level=settings.log_level))
+    except (EngineStartError, ValueError, FileNotFoundError) as e:
         return _refuse(str(e), argv)
+    if settings.engine_mode == "process":
+        print(f"flotilla-server: the engine runs in process {info.pid}", flush=True)
     model = ServedModel(
-        name=settings.served_model_name or loaded.name, tokenizer=loaded.tokenizer, vocab_size=loaded.config.vocab_size,
-        max_model_len=max_model_len, description=loaded.description, is_demonstration=loaded.is_demonstration,
+        name=settings.served_model_name or info.name, tokenizer=info.tokenizer, vocab_size=info.vocab_size,
+        max_model_len=info.max_model_len, description=info.description, is_demonstration=info.is_demonstration,
     )
     return serve(settings, engine, model)
 
 
 def _main_multi_model(settings: ServerSettings) -> int:
+    from flotilla_server.engine.messages import EngineOptions
     from flotilla_server.http.pool_serve import serve_pool
     from flotilla_server.model_cache.budget import default_budget_bytes
     from flotilla_server.model_cache.cache import ModelCache
-    from flotilla_server.model_cache.inprocess import InProcessEngines
+    from flotilla_server.model_cache.engine_processes import EngineProcesses
 
-    engines = InProcessEngines(settings.engine_config())
+    # each model's engine in its own process (--engine-mode process) or on a thread of this one (inprocess)
+    engines = EngineProcesses(settings.engine_config(), settings.engine_mode,
+                              EngineOptions(log_level=settings.log_level))
     budget = settings.memory_budget_bytes or default_budget_bytes(settings.device)
     cache = ModelCache(engines, model_specs(settings), budget, settings.min_residency_s, settings.model_list_file)
     return serve_pool(settings, cache)

@@ -83,7 +83,7 @@ def test_llama_example_gpu_huggingface_latency_first():
     args = server["args"]
     assert flag(args, "--model") == "/models/model"
     assert flag(args, "--device") == "cuda" and flag(args, "--dtype") == "bfloat16"
-    assert int(flag(args, "--kv-cache-memory")) == parse_bytes("40Gi")  # 0.5 of 80Gi
+    assert flag(args, "--gpu-memory-utilization") == "0.9" and "--kv-cache-memory" not in args
     assert flag(args, "--max-model-len") == "8192" and flag(args, "--queue-timeout-s") == "10"
     download = pod["initContainers"][0]
     assert download["command"][:3] == ["hf", "download", "meta-llama/Llama-3.1-8B-Instruct"]
@@ -152,6 +152,16 @@ def test_image_source_copies_the_model_in_an_init_container():
         kubernetes_validate.validate(deployment, version, strict=True)
 
 
+def test_the_deprecated_kv_fraction_is_still_rendered_unless_gpu_memory_utilization_is_set():
+    spec = {"model": {"name": "m", "source": {"builtin": "tiny"}}, "resources": {"memory": "8Gi"},
+            "server": {"kvCacheMemoryFraction": 0.5}}
+    args = container(children(owner_of({"metadata": {"name": "m", "namespace": "d"}, "spec": spec}))["Deployment"])["args"]
+    assert int(flag(args, "--kv-cache-memory")) == parse_bytes("4Gi")
+    spec["server"]["gpuMemoryUtilization"] = 0.8
+    args = container(children(owner_of({"metadata": {"name": "m", "namespace": "d"}, "spec": spec}))["Deployment"])["args"]
+    assert flag(args, "--gpu-memory-utilization") == "0.8" and "--kv-cache-memory" not in args
+
+
 def test_defaults_come_from_the_contract_flag_table():
     args = container(children(owner_of({"metadata": {"name": "m", "namespace": "d"},
                                          "spec": {"model": {"name": "m", "source": {"builtin": "tiny"}}}}))["Deployment"])["args"]
@@ -159,6 +169,7 @@ def test_defaults_come_from_the_contract_flag_table():
     assert flag(args, "--max-num-batched-tokens") == str(server_flags.DEFAULT_MAX_NUM_BATCHED_TOKENS)
     assert flag(args, "--block-size") == str(server_flags.DEFAULT_BLOCK_SIZE)
     assert "--kv-cache-memory" not in args  # unset fraction: the server sizes its own pool
+    assert "--gpu-memory-utilization" not in args  # unset: the server's own default
 
 
 def test_spec_image_overrides_the_default_and_sets_the_version_label():

@@ -221,6 +221,24 @@ def test_unhonourable_spec_is_degraded_not_crash_looped(cluster):
     k8s.eventually(lambda: condition(k8s, "no-claim", "Degraded") == ("False", "AsExpected"), WAIT_S)
 
 
+def test_a_stored_deprecated_field_keeps_reconciling_with_one_event(cluster):
+    k8s, _ = cluster
+    k8s.create(tiny("old-kv", server={"kvCacheMemoryFraction": 0.25}))
+    first = wait_deployment(k8s, "old-kv")
+    kv_bytes = args_of(first)[args_of(first).index("--kv-cache-memory") + 1]  # mapped as before, for one release
+    assert int(kv_bytes) > 0 and "--gpu-memory-utilization" not in args_of(first)
+    k8s.patch(*IM, "old-kv", "default", {"spec": {"server": {"maxNumSeqs": 16}}})  # a second full reconcile
+    wait_deployment(k8s, "old-kv", lambda d: args_of(d)[args_of(d).index("--max-num-seqs") + 1] == "16")
+    k8s.eventually(lambda: status_of(k8s, "old-kv").get("observedGeneration") == 2, WAIT_S)
+    time.sleep(2 * DRIFT_S)  # and the drift timer's reconciles
+    assert condition(k8s, "old-kv", "Degraded") == ("False", "AsExpected")
+    assert condition(k8s, "old-kv", "Deprecated") == ("True", "DeprecatedField")
+    events = [e for e in k8s.list("v1", "events", "default")
+              if e["involvedObject"]["name"] == "old-kv" and e["reason"] == "DeprecatedField"]
+    assert len(events) == 1 and "gpuMemoryUtilization" in events[0]["message"], events
+    assert events[0]["type"] == "Warning"
+
+
 def test_a_served_name_taken_by_an_older_model_is_a_name_conflict(cluster):
     k8s, _ = cluster
     older = tiny("first-llama")  # in team-b, which this operator does not watch; the gateway does

@@ -18,6 +18,7 @@ COMMANDS = {
     "online": ("flotilla_server.bench.online",
                "load an OpenAI-compatible server and report latencies (TTFT, TPOT, ITL, E2E) and goodput"),
     "prefix": ("flotilla_server.bench.prefix", "prefix caching on and off on repeated system prompts"),
+    "modes": ("flotilla_server.bench.engine_modes", "the engine in its own process against on a thread, over HTTP"),
 }
 DESCRIPTION = ("Benchmarks of flotilla-server: `offline` drives the engine directly, `online` any "
                "OpenAI-compatible server over HTTP. Figures and how they were recorded: docs/benchmarks.md.")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from flotilla_contract.flags import (
     DEFAULT_BLOCK_SIZE,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
     DEFAULT_PREFILL_CHUNK,
@@ -25,11 +26,12 @@ class EngineConfig:
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # longest prefill piece of one sequence in one step
     block_size: int = DEFAULT_BLOCK_SIZE  # KV positions per block
     num_kv_blocks: int | None = None  # pool size in blocks; None sizes it from kv_cache_memory_bytes
-    kv_cache_memory_bytes: int | None = None  # pool size in bytes; None with num_kv_blocks None: enough for every slot at max_model_len
-    max_model_len: int | None = None  # context limit; None takes the model's own
+    kv_cache_memory_bytes: int | None = None  # pool size in bytes; None: sized from gpu_memory_utilization
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION  # share of device (CPU: container) memory
+    max_model_len: int | None = None  # context limit; None: the model's, capped by what the pool holds
     dtype: str = "float32"
     device: str = "cpu"
-    seed: int = 0
+    seed: int | None = None  # unseeded requests' sampling seed; None: a random one per process
     enable_prefix_caching: bool = True  # reuse the KV blocks of prompts' common prefixes
 
     def __post_init__(self) -> None:
@@ -49,6 +51,8 @@ class EngineConfig:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:
             raise ValueError(f"kv_cache_memory_bytes must be >= 1, got {self.kv_cache_memory_bytes}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):

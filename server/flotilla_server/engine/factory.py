@@ -1,16 +1,36 @@
-"""Build the engine the server runs: load the model once, wrap the synchronous core in its thread."""
+"""Build an engine client over its backend: the engine in its own process (the default) or on a thread.
+
+The one place that chooses a backend, so that engine/client.py (imported by the HTTP layer) never imports
+the engine's torch side (docs/architecture.md, "Layers").
+"""
 
 from __future__ import annotations
 
-from flotilla_server.engine.client import EngineClient
+from typing import Any
+
+from flotilla_server.engine.backends import ProcessBackend, ThreadBackend
+from flotilla_server.engine.client import DEFAULT_STREAM_BUFFER_EVENTS, ENGINE_MODES, EngineClient, EngineMode
 from flotilla_server.engine.config import EngineConfig
-from flotilla_server.engine.core import EngineCore
-from flotilla_server.model import LoadedModel
+from flotilla_server.engine.messages import EngineInfo, EngineOptions
 
 
-def build_engine(config: EngineConfig) -> tuple[EngineClient, LoadedModel, int]:
-    """Returns (the started engine client, the loaded model, the context limit in tokens)."""
-    core = EngineCore(config)
-    client = EngineClient(core)
-    client.start()
-    return client, core.loaded, core.max_model_len
+def make_engine(config: EngineConfig, mode: EngineMode = "process", options: EngineOptions | None = None, *,
+                loaded: Any = None, stream_buffer_events: int = DEFAULT_STREAM_BUFFER_EVENTS) -> EngineClient:
+    """A client not yet started. `loaded` (a LoadedModel, inprocess only) reuses a model in memory (tests)."""
+    if mode not in ENGINE_MODES:
+        raise ValueError(f"--engine-mode must be one of {', '.join(ENGINE_MODES)}, got {mode!r}")
+    options = options or EngineOptions()
+    if mode == "process":
+        if loaded is not None:
+            raise ValueError("a model already in memory can only be reused in the inprocess mode")
+        backend: Any = ProcessBackend(config, options)
+    else:
+        backend = ThreadBackend(config, options, loaded)
+    return EngineClient(backend, stream_buffer_events=stream_buffer_events)
+
+
+def build_engine(config: EngineConfig, mode: EngineMode = "process",
+                 options: EngineOptions | None = None) -> tuple[EngineClient, EngineInfo]:
+    """Returns (the started engine client, what the engine serves); raises EngineStartError."""
+    client = make_engine(config, mode, options)
+    return client, client.start()

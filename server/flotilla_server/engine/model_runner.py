@@ -1,10 +1,14 @@
 """The model runner (mechanism): a StepPlan becomes tensors, one forward pass, sampled tokens.
 
 It owns the model, the KV tensors and the per-request sampling generators; it makes no decision.
+A seeded request's generator lives from its first sample to `release` (finish or abort, both applied
+between steps), so none outlives its request. Unseeded requests share one generator seeded at random per
+process unless a seed is given: fresh replicas do not emit the same "random" text.
 """
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -22,15 +26,21 @@ class StepResult:
 
 
 class ModelRunner:
-    def __init__(self, model: DecoderModel, kv: KVCacheTensors, device: str | torch.device, seed: int = 0) -> None:
+    def __init__(self, model: DecoderModel, kv: KVCacheTensors, device: str | torch.device,
+                 seed: int | None = None) -> None:
         self.model = model
         self.kv = kv
         self.device = torch.device(device)
-        self._default_generator = make_generator(seed, self.device)
+        self._default_generator = make_generator(secrets.randbits(63) if seed is None else seed, self.device)
         self._generators: dict[str, torch.Generator] = {}  # seeded requests only
 
     def release(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
+
+    @property
+    def num_generators(self) -> int:
+        """Seeded requests holding a generator (tests: none outlives its request)."""
+        return len(self._generators)
 
     def _generator(self, request_id: str, seed: int | None) -> torch.Generator | None:
         if seed is None:

@@ -8,12 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default when a request names none
+# Below this temperature sampling is greedy: dividing logits by a tinier one overflows to inf and NaN.
+GREEDY_BELOW_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = DEFAULT_MAX_TOKENS  # most tokens to generate
-    temperature: float = 1.0  # 0 means greedy
+    temperature: float = 1.0  # below GREEDY_BELOW_TEMPERATURE (and 0) means greedy
     top_p: float = 1.0  # nucleus mass kept, in (0, 1]
     top_k: int = 0  # 0 means no top-k cut
     seed: int | None = None  # a seed makes the request's samples reproducible
@@ -54,4 +56,4 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_BELOW_TEMPERATURE or self.top_k == 1

@@ -25,7 +25,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from flotilla_server.engine.block_hash import extend_hashes
-from flotilla_server.engine.kv_pool import BlockPool, blocks_for
+from flotilla_server.engine.feasibility import infeasible_reason  # noqa: F401 (the scheduler's rule, re-exported)
+from flotilla_server.engine.kv_pool import BlockPool
 from flotilla_server.engine.sequence import Sequence, SequenceStatus
 from flotilla_server.engine.stopping import token_finish_reason
 
@@ -58,26 +59,6 @@ class StepPlan:
     @property
     def is_empty(self) -> bool:
         return not self.chunks
-
-
-def infeasible_reason(
-    num_prompt_tokens: int, max_tokens: int, max_model_len: int, num_blocks: int, block_size: int
-) -> str | None:
-    """Why a request could never run on this engine, phrased as what to change; None if it can."""
-    if num_prompt_tokens < 1:
-        return "the prompt is empty; send at least one token"
-    total = num_prompt_tokens + max_tokens
-    if total > max_model_len:
-        return (
-            f"prompt ({num_prompt_tokens} tokens) plus max_tokens ({max_tokens}) is {total}, over the "
-            f"model's context of {max_model_len} tokens; shorten the prompt or lower max_tokens"
-        )
-    if blocks_for(total, block_size) > num_blocks:
-        return (
-            f"prompt plus max_tokens needs {blocks_for(total, block_size)} KV blocks but the pool has "
-            f"{num_blocks}; lower max_tokens or start the server with a larger KV cache"
-        )
-    return None
 
 
 class Scheduler:

@@ -1,4 +1,4 @@
-"""The FastAPI application: routers, error handlers, the body guard, and the start/stop of the admission driver."""
+"""The FastAPI application: routers, error handlers, the body guard, and the hooks into the engine client."""
 
 from __future__ import annotations
 
@@ -16,10 +16,7 @@ from flotilla_server.http.state import ServerState
 
 
 def start_serving(state: ServerState) -> None:
-    """On the event loop: start the admission driver and hook the engine's listeners; then ready."""
-    state.admission.start()
-    # the coalescing capacity signal: every step (and so every finish and abort) wakes the driver
-    state.engine.add_step_listener(state.admission.signal_capacity)
+    """On the event loop: hook the engine's listeners (the engine owns the admission queue); then ready."""
     state.engine.add_step_listener(lambda record: state.metrics.observe_step(record.duration_s, record.num_tokens))
     state.engine.add_abort_listener(state.on_abort)
     state.ready = True
@@ -27,7 +24,6 @@ def start_serving(state: ServerState) -> None:
 
 async def stop_serving(state: ServerState) -> None:
     state.ready = False
-    await state.admission.stop()
 
 
 def create_app(state: ServerState, max_body_bytes: int, api_key: str | None = None) -> FastAPI:

@@ -5,6 +5,9 @@ listening socket stays open (a closed socket would look like a crash to clients 
 in-flight requests get --drain-timeout-s to finish, then uvicorn stops and the process exits 0.
 A second signal cuts off what is still in flight at once, as the timeout would (each client is told, and
 counted, as draining, never as gone), then exits 0; a third exits without waiting for anything.
+
+If the engine dies, /readyz turns 503 at once (ServerState.accepting), the requests in flight end with an
+engine_error, and the process exits 1 so that Kubernetes restarts it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from flotilla_server.http.state import ServedModel, ServerState
 log = logging.getLogger("flotilla.server")
 
 _CUT_OFF_FLUSH_S = 0.5  # after a drain timeout, time for cut-off streams to send their last chunk
+_ENGINE_DEATH_GRACE_S = 1.0  # after the engine died: /readyz answers 503 this long before the process exits
 
 
 class Drainable(Protocol):
@@ -48,6 +52,7 @@ class DrainingServer(uvicorn.Server):
         self._loop: asyncio.AbstractEventLoop | None = None
         self.drained_cleanly: bool | None = None
         self._cutting_off = False
+        self.engine_died = False
 
     async def startup(self, sockets=None) -> None:  # type: ignore[no-untyped-def]
         self._loop = asyncio.get_running_loop()
@@ -85,6 +90,19 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+    def on_engine_death(self, what: str) -> None:
+        """Engine death listener (any thread): the streams already ended with engine_error; flush, then exit 1."""
+        self.engine_died = True
+        if self._loop is None:
+            self.should_exit = True
+            return
+        self._loop.call_soon_threadsafe(lambda: self._loop.create_task(self._exit_after_flush()))  # type: ignore[union-attr]
+
+    async def _exit_after_flush(self) -> None:
+        await asyncio.gather(self._state.wait_idle(_ENGINE_DEATH_GRACE_S), asyncio.sleep(_ENGINE_DEATH_GRACE_S))
+        self.should_exit = True
+
+
 def drain_started_message(signal_name: str, in_flight: int, drain_timeout_s: float) -> str:
     return f"{signal_name}: draining; {in_flight} request(s) in flight, up to {drain_timeout_s:g} s"
 
@@ -108,20 +126,20 @@ def build_state(settings: ServerSettings, engine: EngineClient, model: ServedMod
         engine=engine, tokenizer=model.tokenizer, served_model_name=model.name, max_model_len=model.max_model_len,
         vocab_size=model.vocab_size, model_description=model.description,
         admission=AdmissionQueue(
-            engine, depth=settings.queue_capacity,
-            max_overtakes=settings.max_num_seqs, queue_timeout_s=settings.queue_timeout_s,
+            engine, depth=settings.queue_capacity, queue_timeout_s=settings.queue_timeout_s,
         ),
     )
 
 
 def serve(settings: ServerSettings, engine: EngineClient, model: ServedModel) -> int:
-    """Serve until drained; shuts the (started) engine down on the way out."""
+    """Serve until drained (0) or the engine dies (1); shuts the (started) engine down on the way out."""
     name = model.name
     state = build_state(settings, engine, model)
     app = create_app(state, settings.max_body_bytes, settings.api_key)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_graceful_shutdown=1, access_log=False, http=BoundedH11Protocol)
     server = DrainingServer(config, state, settings.drain_timeout_s)
+    engine.add_death_listener(server.on_engine_death)
     # a demonstration model is announced once, by the loader's warning
     print(f"flotilla-server: serving {name!r} on http://{settings.host}:{settings.port}; try:\n"
           f"  {curl_example(settings, name)}", flush=True)
@@ -129,4 +147,7 @@ def serve(settings: ServerSettings, engine: EngineClient, model: ServedModel) ->
         server.run()
     finally:
         engine.shutdown()
+    if server.engine_died:
+        log.error("the engine died: exiting 1 so that the server is restarted")
+        return 1
     return 0

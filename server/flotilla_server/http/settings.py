@@ -29,6 +29,7 @@ class ServerSettings:
     prefill_chunk: int = f.DEFAULT_PREFILL_CHUNK
     block_size: int = f.DEFAULT_BLOCK_SIZE
     num_kv_blocks: int | None = None
+    gpu_memory_utilization: float = f.DEFAULT_GPU_MEMORY_UTILIZATION
     kv_cache_memory_bytes: int | None = None
     max_model_len: int | None = None
     queue_depth_per_slot: int = f.DEFAULT_QUEUE_DEPTH_PER_SLOT
@@ -38,6 +39,7 @@ class ServerSettings:
     dtype: str = "float32"
     device: str = "cpu"
     max_body_bytes: int = f.DEFAULT_MAX_BODY_BYTES
+    engine_mode: str = "process"
     log_level: str = "info"
     api_key: str | None = field(default=None, repr=False)  # a secret: kept out of logs and tracebacks
 
@@ -58,6 +60,8 @@ class ServerSettings:
             raise ValueError(f"--log-level must be one of {', '.join(f.LOG_LEVELS)}, got {self.log_level!r}")
         if self.prefix_caching not in f.PREFIX_CACHING:
             raise ValueError(f"--prefix-caching must be one of {', '.join(f.PREFIX_CACHING)}, got {self.prefix_caching!r}")
+        if self.engine_mode not in f.ENGINE_MODES:
+            raise ValueError(f"--engine-mode must be one of {', '.join(f.ENGINE_MODES)}, got {self.engine_mode!r}")
         if self.max_body_bytes < 1024:
             raise ValueError(f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}")
         if self.load_timeout_s <= 0:
@@ -96,5 +100,6 @@ class ServerSettings:
             model=self.models[0] if not self.multi_model else "tiny", max_num_seqs=self.max_num_seqs, max_num_batched_tokens=self.max_num_batched_tokens,
             prefill_chunk=self.prefill_chunk, block_size=self.block_size, num_kv_blocks=self.num_kv_blocks,
             kv_cache_memory_bytes=kv_bytes, max_model_len=self.max_model_len,
+            gpu_memory_utilization=self.gpu_memory_utilization,
             dtype=self.dtype, device=self.device, enable_prefix_caching=self.prefix_caching == "on",
         )

@@ -79,8 +79,8 @@ class ServerState:
 
     @property
     def accepting(self) -> bool:
-        """The one readiness rule: loaded and not draining (/readyz and the load report)."""
-        return self.ready and not self.draining
+        """The one readiness rule: loaded, the engine alive, and not draining (/readyz and the load report)."""
+        return self.ready and self.engine.alive and not self.draining
 
     def on_abort(self, request_id: str, reason: str) -> None:
         """Engine abort hook: counts a slow client once, when its stream overflows (the handler may be stuck

@@ -1,10 +1,9 @@
 """The one interface between the model cache and the engines it starts and stops.
 
-The cache knows only `Engines` (footprint_bytes, load, unload) and the `ModelEngine` handle it returns, so
-moving each engine into its own process is one new implementation of `Engines` (a load that starts an
-engine process and returns a handle holding that process's client) chosen in the CLI, and nothing else
-(docs/architecture.md, "Model cache"). Today's implementation is `inprocess.InProcessEngines`. Torch-free,
-so the HTTP layer may name the handle's type.
+The cache knows only `Engines` (footprint_bytes, load, unload) and the `ModelEngine` handle it returns
+(docs/architecture.md, "Model cache"). The implementation is `engine_processes.EngineProcesses`: a load
+starts an engine process and returns a handle holding that process's client. Torch-free, so the HTTP layer
+may name the handle's type.
 """
 
 from __future__ import annotations

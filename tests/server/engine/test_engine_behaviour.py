@@ -79,10 +79,10 @@ def test_cancel_frees_blocks_at_once_and_others_finish(llama) -> None:
 
 def test_infeasible_requests_are_refused_with_what_to_change(llama) -> None:
     engine = make_engine(llama, block_size=16, num_kv_blocks=4)
-    assert engine.max_model_len == 64  # the pool holds one sequence of 64 tokens: that is the context served
+    assert engine.max_model_len == 64  # the model's 1024, capped by what the pool holds for one sequence
     assert engine.check_feasible(10, 10) is None
     assert "context of 64 tokens" in engine.check_feasible(60, 10)
-    assert "context of 64" in engine.check_feasible(1000, 100)
+    assert "context of 64 tokens" in engine.check_feasible(1000, 100)
     with pytest.raises(ValueError, match="lower max_tokens"):
         engine.add_request("x", [1] * 60, SamplingParams(max_tokens=10))
     assert not engine.has_unfinished()

@@ -102,3 +102,12 @@ def test_min_p_never_samples_a_token_below_min_p_times_the_likeliest() -> None:
     assert set(got) == {0, 1}
     free = sample(logits, [SamplingParams(temperature=1.0)] * 400, [None] * 400, make_generator(5))
     assert {2, 3} & set(free)  # without min_p the unlikely tokens do come
+
+
+def test_a_tiny_temperature_is_greedy_not_nan() -> None:
+    logits = torch.randn(4, 50, generator=make_generator(21))
+    for temperature in (1e-40, 1e-6):
+        params = [SamplingParams(temperature=temperature)] * 4
+        assert all(p.greedy for p in params)
+        assert sample(logits, params, [None] * 4, make_generator(1)) == logits.argmax(-1).tolist()
+    assert not SamplingParams(temperature=1e-4).greedy

@@ -52,6 +52,7 @@ def test_load_idle_and_busy(tmp_path):
         assert full, f"never saw every slot busy: {seen[-3:]}"
         assert any(s.waiting == REQUESTS - SLOTS and s.kv_usage > 0 for s in full), full[-3:]
         for s in seen:
-            assert s.running <= SLOTS and s.waiting <= REQUESTS - SLOTS + 1 and s.models[0].running == s.running
+            # a request counts as waiting from its submission until the engine process's admission comes back
+            assert s.running <= SLOTS and s.waiting <= REQUESTS and s.models[0].running == s.running
         # light: answered between engine steps, never behind a forward pass
         assert statistics.median(took_s) < 0.05, sorted(took_s)

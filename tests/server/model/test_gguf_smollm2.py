@@ -39,9 +39,10 @@ PREFILL_CHUNK = 16
 def smollm2(tmp_path_factory):
     """(server, reference, tokenizer, gguf path), the server started first so that both load at once."""
     path = smollm2_gguf()
-    server_cm = run_server("--model", str(path), "--prefill-chunk", str(PREFILL_CHUNK), "--max-num-seqs", "8",
+    server_cm = run_server("--prefill-chunk", str(PREFILL_CHUNK), "--max-num-seqs", "8",
                            "--max-model-len", "512", "--kv-cache-memory", "64Mi",
-                           tmp_path=tmp_path_factory.mktemp("smollm2"), startup_timeout_s=300)
+                           tmp_path=tmp_path_factory.mktemp("smollm2"), startup_timeout_s=300,
+                           model_args=("--model", str(path)))
     with ThreadPoolExecutor(1) as pool:
         starting = pool.submit(server_cm.__enter__)
         try:

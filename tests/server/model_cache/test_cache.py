@@ -1,4 +1,4 @@
-"""The model cache over real in-process engines (a small random Llama directory, quicker to load than tiny):
+"""The model cache over real engines (on threads) (a small random Llama directory, quicker to load than tiny):
 loads on demand, evicts by the policy, never a busy model, refuses a model that can never fit, follows the
 model list file; each rule from the request side."""
 
@@ -9,20 +9,20 @@ import asyncio
 import pytest
 from flotilla_server.engine.config import EngineConfig
 from flotilla_server.model_cache.cache import ModelCache
-from flotilla_server.model_cache.inprocess import InProcessEngines
+from flotilla_server.model_cache.engine_processes import EngineProcesses
 from flotilla_server.model_cache.specs import ModelSpec
 from flotilla_server.model_cache.status import CacheHooks, Infeasible, LoadTimeout, UnknownModel
 
 from tests.support.hf_models import make_hf_model_dir
 
-ENGINES = InProcessEngines(EngineConfig(kv_cache_memory_bytes=2**20, max_num_seqs=2, max_num_batched_tokens=64,
-                                        prefill_chunk=64))
+ENGINES = EngineProcesses(EngineConfig(kv_cache_memory_bytes=2**20, max_num_seqs=2, max_num_batched_tokens=64,
+                                       prefill_chunk=64), "inprocess")  # engine threads: quicker than processes
 SOURCE, MODEL_BYTES, THREE = "", 0, ()  # set by the module fixture
 
 
 @pytest.fixture(scope="module", autouse=True)
 def weights_helper(tmp_path_factory):
-    """One weights helper process and one model directory for the module."""
+    """One model directory for the module."""
     global SOURCE, MODEL_BYTES, THREE
     SOURCE = str(make_hf_model_dir("llama", tmp_path_factory.mktemp("cache") / "m"))
     MODEL_BYTES = ENGINES.footprint_bytes(SOURCE)

@@ -18,7 +18,7 @@ import httpx
 import openai
 import pytest
 from flotilla_server.engine.config import EngineConfig
-from flotilla_server.model_cache.inprocess import InProcessEngines
+from flotilla_server.model_cache.engine_processes import EngineProcesses
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.http.server_process import ServerProcess, run_server
@@ -35,7 +35,7 @@ def pool(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pool")
     sources = {"tiny": "tiny", "small": str(make_hf_model_dir("llama", tmp / "small")),
                "big": str(make_hf_model_dir("llama", tmp / "big", **BIG))}
-    engines = InProcessEngines(EngineConfig(kv_cache_memory_bytes=KV_BYTES))
+    engines = EngineProcesses(EngineConfig(kv_cache_memory_bytes=KV_BYTES))
     footprints = {name: engines.footprint_bytes(src) for name, src in sources.items()}
     budget = sum(footprints.values()) - min(footprints.values())  # any two fit, never all three
     huge = tmp / "huge"  # a member that could never fit: its size is known from config.json alone
@@ -74,15 +74,31 @@ def model_states(server: ServerProcess) -> dict[str, str]:
 
 
 def rss_bytes(server: ServerProcess, samples: int = 5, every_s: float = 0.2) -> int:
-    """The least of a few samples: an unload in flight (its lane dropped on the loop, then the collector) and
-    the weights helper's hand-over make single readings swing by tens of MiB."""
+    """The server's and its engine processes' RSS together, the least of a few samples: an unload in flight
+    (its lane dropped, its process exiting) makes single readings swing."""
     readings = []
     for _ in range(samples):
-        for line in Path(f"/proc/{server.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                readings.append(int(line.split()[1]) * 1024)
+        readings.append(sum(_rss(pid) for pid in (server.proc.pid, *_children(server.proc.pid))))
         time.sleep(every_s)
     return min(readings)
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found + [g for c in found for g in _children(c)] if found else []
+
+
+def _rss(pid: int) -> int:
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return 0  # exited between the listing and the reading
+    return next((int(line.split()[1]) * 1024 for line in lines if line.startswith("VmRSS:")), 0)
 
 
 def ask(server: ServerProcess, model: str, max_tokens: int = 4) -> str:

@@ -93,12 +93,12 @@ def test_multi_model_flags_refused_with_what_to_change(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_device_sized_memory_flags_are_refused_in_multi_model_mode(monkeypatch, capsys):
-    # --gpu-memory-utilization is refused by name; shown here with a flag that exists on every branch
-    import flotilla_server.cli as cli
-
-    monkeypatch.setattr(cli, "MULTI_MODEL_REFUSED_FLAGS", ("--max-model-len",))
-    with pytest.raises(SystemExit):
-        parse_settings(["--model", "a=tiny", "--max-model-len", "64"], {})
-    assert "--max-model-len is refused in multi-model mode" in capsys.readouterr().err
-    assert parse_settings(["--model", "x", "--max-model-len", "64"], {}).max_model_len == 64  # single: allowed
+def test_device_sized_memory_flags_are_refused_in_multi_model_mode(capsys):
+    for argv, environ in ((["--model", "a=tiny", "--gpu-memory-utilization", "0.5"], {}),
+                          (["--model", "a=tiny", "--gpu-memory-utilization=0.5"], {}),
+                          (["--model", "a=tiny"], {"FLOTILLA_GPU_MEMORY_UTILIZATION": "0.5"})):
+        with pytest.raises(SystemExit):
+            parse_settings(argv, environ)
+        assert "--gpu-memory-utilization is refused in multi-model mode" in capsys.readouterr().err
+    single = parse_settings(["--model", "x", "--gpu-memory-utilization", "0.5"], {})
+    assert single.gpu_memory_utilization == 0.5  # single: allowed

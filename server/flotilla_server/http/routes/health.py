@@ -19,10 +19,11 @@ async def healthz() -> dict:
 
 @router.get("/readyz", responses={503: {}})
 async def readyz(state: State) -> JSONResponse:
-    """Readiness: 200 once the model is loaded, 503 while loading or draining."""
+    """Readiness: 200 once the model is loaded, 503 while loading or draining, or once the engine died."""
     if state.accepting:
         return JSONResponse({"status": "ready"})
-    return JSONResponse({"status": "draining" if state.draining else "loading"}, status_code=503)
+    status = "draining" if state.draining else "engine_dead" if state.ready and not state.engine.alive else "loading"
+    return JSONResponse({"status": status}, status_code=503)
 
 
 @router.get("/metrics")

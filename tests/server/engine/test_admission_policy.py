@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from flotilla_server.http.admission_policy import AdmissionPolicy
+from flotilla_server.engine.admission_policy import AdmissionPolicy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -1,0 +1,166 @@
+"""Where the engine loop runs: its own process (the default) or a thread of this one (tests, comparison).
+
+Both run engine/loop.py's `serve_inbox` and hand every `EngineUpdate` to `on_update`, on a thread of
+this process that is not the event loop; `on_death` is called once if the loop ends without being told to.
+Messages are sent from any thread and never block the caller: a sender thread writes the pipe, so a step
+that keeps the engine from reading never stalls the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from flotilla_server.engine.config import EngineConfig
+from flotilla_server.engine.messages import (
+    EngineFailed,
+    EngineInfo,
+    EngineOptions,
+    EngineStartError,
+    EngineUpdate,
+    Shutdown,
+)
+
+log = logging.getLogger(__name__)
+
+OnUpdate = Callable[[EngineUpdate], None]
+OnDeath = Callable[[str], None]
+
+
+class _QueueInbox:
+    def __init__(self) -> None:
+        self.queue: queue.Queue = queue.Queue()
+        self._next: list[Any] = []
+
+    def wait(self, timeout_s: float | None) -> bool:
+        if self._next:
+            return True
+        try:
+            self._next.append(self.queue.get(timeout=timeout_s) if timeout_s != 0 else self.queue.get_nowait())
+        except queue.Empty:
+            return False
+        return True
+
+    def get(self) -> Any:
+        if not self._next:
+            self.wait(None)
+        return self._next.pop()
+
+
+class ThreadBackend:
+    """The in-process mode: the same loop on a thread; `loaded` reuses a model already in memory (tests)."""
+
+    def __init__(self, config: EngineConfig, options: EngineOptions, loaded: Any = None) -> None:
+        self._config, self._options, self._loaded = config, options, loaded
+        self._inbox = _QueueInbox()
+        self._thread: threading.Thread | None = None
+
+    def start(self, on_update: OnUpdate, on_death: OnDeath) -> EngineInfo:
+        from flotilla_server.engine.loop import build_loop, serve_inbox  # torch loads here, not at import
+
+        try:
+            loop = build_loop(self._config, self._options, self._loaded)
+        except (ValueError, FileNotFoundError) as e:
+            raise EngineStartError(str(e)) from None
+
+        def run() -> None:
+            try:
+                serve_inbox(loop, self._inbox, on_update)
+            except Exception as e:
+                log.exception("engine loop failed")
+                on_death(f"engine loop failed: {type(e).__name__}: {e}")
+
+        self._thread = threading.Thread(target=run, name="flotilla-engine", daemon=True)
+        self._thread.start()
+        return loop.info(os.getpid())
+
+    def send(self, message: Any) -> None:
+        self._inbox.queue.put(message)
+
+    def close(self, timeout_s: float) -> None:
+        self.send(Shutdown())
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+
+class ProcessBackend:
+    """The engine in a `spawn`ed process; a pipe each way, a reader and a sender thread here."""
+
+    def __init__(self, config: EngineConfig, options: EngineOptions, startup_timeout_s: float = 600.0) -> None:
+        self._config, self._options = config, options
+        self._startup_timeout_s = startup_timeout_s
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._conn: Any = None
+        self.process: Any = None
+        self._closing = False
+
+    def start(self, on_update: OnUpdate, on_death: OnDeath) -> EngineInfo:
+        from flotilla_server.engine.process_main import run_engine_process
+
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(target=run_engine_process, args=(self._config, self._options, child),
+                                   name=f"flotilla-engine[{self._config.model}]", daemon=True)
+        self.process.start()
+        child.close()  # only the child holds its end: its death is our EOF
+        self._conn = parent
+        deadline = time.monotonic() + self._startup_timeout_s
+        while not parent.poll(0.2):
+            if not self.process.is_alive() or time.monotonic() > deadline:
+                self._kill()
+                raise EngineStartError(f"the engine process exited during start-up (exit code "
+                                       f"{self.process.exitcode}); its log above says why")
+        first = parent.recv()
+        if isinstance(first, EngineFailed):
+            self._kill()
+            raise EngineStartError(first.message)
+        threading.Thread(target=self._read, args=(on_update, on_death), name="engine-reader", daemon=True).start()
+        threading.Thread(target=self._write, name="engine-writer", daemon=True).start()
+        return first
+
+    def _read(self, on_update: OnUpdate, on_death: OnDeath) -> None:
+        try:
+            while True:
+                on_update(self._conn.recv())
+        except (EOFError, OSError):
+            pass
+        if not self._closing:
+            self.process.join(2.0)
+            on_death(f"the engine process (pid {self.process.pid}) exited with code {self.process.exitcode}")
+
+    def _write(self) -> None:
+        while True:
+            message = self._outbox.get()
+            if message is None:
+                return
+            try:
+                self._conn.send(message)
+            except (OSError, ValueError):
+                return  # the engine is gone: the reader reports it
+            if isinstance(message, Shutdown):
+                return
+
+    def send(self, message: Any) -> None:
+        self._outbox.put(message)
+
+    def close(self, timeout_s: float) -> None:
+        """Stop the engine process and wait for it: its memory (and GPU memory) is free on return."""
+        self._closing = True
+        if self.process is None:
+            return
+        self.send(Shutdown())
+        self.process.join(timeout_s)
+        self._kill()
+        if self._conn is not None:
+            self._conn.close()
+
+    def _kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()  # it ignores SIGTERM by design
+            self.process.join(5.0)

@@ -1,0 +1,31 @@
+"""Whether a request can ever run on an engine: a pure rule of its limits, torch-free.
+
+The engine applies it when a request arrives, and the HTTP side applies it before it sends the request
+(a 400 needs no round trip to the engine process).
+"""
+
+from __future__ import annotations
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+def infeasible_reason(
+    num_prompt_tokens: int, max_tokens: int, max_model_len: int, num_blocks: int, block_size: int
+) -> str | None:
+    """Why a request could never run on this engine, phrased as what to change; None if it can."""
+    if num_prompt_tokens < 1:
+        return "the prompt is empty; send at least one token"
+    total = num_prompt_tokens + max_tokens
+    if total > max_model_len:
+        return (
+            f"prompt ({num_prompt_tokens} tokens) plus max_tokens ({max_tokens}) is {total}, over the "
+            f"model's context of {max_model_len} tokens; shorten the prompt or lower max_tokens"
+        )
+    if blocks_for(total, block_size) > num_blocks:
+        return (
+            f"prompt plus max_tokens needs {blocks_for(total, block_size)} KV blocks but the pool has "
+            f"{num_blocks}; lower max_tokens or start the server with a larger KV cache"
+        )
+    return None

@@ -1,0 +1,156 @@
+"""EngineLoop: the engine's one writer. It owns the core (scheduler, pool, sequences) and the admission queue.
+
+Both modes run this same loop: in the engine process (engine/process_main.py) it reads its inbox from a
+pipe; in the in-process mode (engine/backends.py) from a queue, on a thread. Either way a message is
+applied only between steps, never between a step's plan and its execution: an abort can no longer free
+the blocks a forward pass is about to read (docs/architecture.md, "Engine").
+
+The admission queue lives here, next to the state it decides on: waiters are admitted in ticket order
+with bounded overtaking (engine/admission_policy.py), whenever a turn may have freed capacity. Its bound
+and each waiter's wait budget are kept by the HTTP side, which answers 429 without asking the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from flotilla_server.engine.admission_policy import AdmissionPolicy
+from flotilla_server.engine.config import EngineConfig
+from flotilla_server.engine.core import EngineCore
+from flotilla_server.engine.messages import (
+    AbortRequest,
+    AddRequest,
+    EngineInfo,
+    EngineOptions,
+    EngineUpdate,
+    Shutdown,
+)
+from flotilla_server.engine.outputs import StepRecord
+from flotilla_server.model import LoadedModel
+
+log = logging.getLogger(__name__)
+
+Message = AddRequest | AbortRequest | Shutdown
+
+
+class Inbox(Protocol):
+    """Where the loop's messages come from. `wait` returns at once when the other side is gone."""
+
+    def wait(self, timeout_s: float | None) -> bool: ...  # True: a message (or the end) is ready
+
+    def get(self) -> Message: ...  # only after wait() said True; raises EOFError when the other side is gone
+
+
+@dataclass(eq=False)  # hashed by identity: the policy keys its tickets by waiter
+class _Waiter:
+    request: AddRequest
+
+
+class EngineLoop:
+    def __init__(self, core: EngineCore, options: EngineOptions) -> None:
+        self.core = core
+        self.options = options
+        max_overtakes = core.config.max_num_seqs if options.max_overtakes is None else options.max_overtakes
+        # unbounded here: the HTTP side bounds the queue (an exact count, and 429 without a round trip)
+        self._policy: AdmissionPolicy[_Waiter] = AdmissionPolicy(depth=sys.maxsize, max_overtakes=max_overtakes)
+        self._waiting: dict[str, _Waiter] = {}
+        self._refused: list[tuple[str, str]] = []
+        self._dirty = False  # state changed since the last update (an abort, an arrival)
+        self._steps = 0
+        self._record: StepRecord | None = None
+        core.add_step_listener(self._on_step)
+
+    def info(self, pid: int) -> EngineInfo:
+        loaded = self.core.loaded
+        return EngineInfo(
+            name=loaded.name, tokenizer=loaded.tokenizer, vocab_size=loaded.config.vocab_size,
+            max_model_len=self.core.max_model_len, num_slots=self.core.config.max_num_seqs,
+            num_kv_blocks=self.core.pool.num_blocks, block_size=self.core.pool.block_size,
+            description=loaded.description, is_demonstration=loaded.is_demonstration, pid=pid,
+        )
+
+    def _on_step(self, record: StepRecord) -> None:
+        self._record = record
+
+    # --- messages (between steps only) ------------------------------------------------------------
+
+    def apply(self, message: Message) -> None:
+        self._dirty = True
+        if isinstance(message, AddRequest):
+            rid = message.request_id
+            why = self.core.check_feasible(len(message.prompt_token_ids), message.params.max_tokens)
+            if why is None and rid in self._waiting:
+                why = f"request id {rid!r} is already in use"
+            if why is not None:
+                self._refused.append((rid, why))
+                return
+            waiter = _Waiter(message)
+            self._waiting[rid] = waiter
+            self._policy.push(waiter)
+        elif isinstance(message, AbortRequest):
+            waiter = self._waiting.pop(message.request_id, None)
+            if waiter is not None:
+                self._policy.remove(waiter)
+            else:
+                self.core.abort(message.request_id)
+
+    def _try_admit(self, waiter: _Waiter) -> bool:
+        r = waiter.request
+        try:
+            admitted = self.core.try_admit(r.request_id, r.prompt_token_ids, r.params) is None
+        except ValueError as e:  # an id still in use by a running request
+            self._refused.append((r.request_id, str(e)))
+            admitted = True  # leaves the queue
+        if admitted:
+            del self._waiting[r.request_id]
+        return admitted
+
+    # --- one turn -----------------------------------------------------------------------------------
+
+    def has_work(self) -> bool:
+        # a waiter with nothing running always fits (a feasible request alone needs no reserve): no busy loop
+        return self.core.has_unfinished() or bool(self._waiting)
+
+    def turn(self, wait_for_message: Callable[[float], bool]) -> EngineUpdate | None:
+        """Admit whoever fits, run one step if anything runs; None if nothing changed."""
+        taken = [w.request.request_id for w in self._policy.admit_round(self._try_admit)]
+        refused = {rid for rid, _ in self._refused}
+        admitted = [rid for rid in taken if rid not in refused]
+        outputs = []
+        self._record = None
+        if self.core.has_unfinished():
+            hook = self.options.step_hook
+            index = self._steps
+            self._steps += 1
+            after = (lambda: hook(index, wait_for_message)) if hook is not None else None
+            outputs = self.core.step(after_schedule=after)
+        if not (admitted or outputs or self._record or self._dirty):
+            return None
+        update = EngineUpdate(self.core.stats(), admitted, self._refused, outputs, self._record)
+        self._refused = []
+        self._dirty = False
+        return update
+
+
+def serve_inbox(loop: EngineLoop, inbox: Inbox, send: Callable[[EngineUpdate], None]) -> None:
+    """Run until Shutdown or the other side is gone (EOFError from the inbox is the caller's to handle)."""
+    while True:
+        if inbox.wait(0 if loop.has_work() else None):
+            while True:
+                message = inbox.get()
+                if isinstance(message, Shutdown):
+                    return
+                loop.apply(message)
+                if not inbox.wait(0):
+                    break
+        update = loop.turn(inbox.wait)
+        if update is not None:
+            send(update)
+
+
+def build_loop(config: EngineConfig, options: EngineOptions, loaded: LoadedModel | None = None) -> EngineLoop:
+    return EngineLoop(EngineCore(config, loaded), options)

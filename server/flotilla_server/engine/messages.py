@@ -1,0 +1,86 @@
+"""What crosses between the HTTP side and the engine loop, in either mode: small picklable dataclasses.
+
+The engine loop is the one writer of the scheduler, the pool and the sequences; the HTTP side only sends
+`AddRequest` and `AbortRequest` and reads `EngineUpdate`s, so no lock crosses the boundary
+(docs/architecture.md, "Engine"). Torch-free, so the HTTP side can import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from flotilla_server.engine.outputs import EngineStats, RequestOutput, StepRecord
+from flotilla_server.engine.sampling_params import SamplingParams
+
+# A test hook, run in the engine loop after a step is planned and before it executes:
+# hook(step_index, wait_for_message) where wait_for_message(timeout_s) -> bool says a message is pending.
+# It must be a module-level function: in the process mode it is pickled into the child.
+StepHook = Callable[[int, Callable[[float], bool]], None]
+
+
+class EngineStartError(RuntimeError):
+    """The engine could not start; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class AbortRequest:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """The HTTP side is done: the engine loop exits (closing the pipe does the same)."""
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the engine runs, apart from what it computes (EngineConfig)."""
+
+    max_overtakes: int | None = None  # later arrivals admitted past a blocked head; None: max_num_seqs
+    nice: int = 0  # process mode: added to the engine process's niceness (a background model yields the CPU)
+    num_threads: int | None = None  # process mode: torch/OpenMP threads of the engine process; None: inherited
+    log_level: str = "info"
+    step_hook: StepHook | None = None  # tests only
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """Sent once the engine is up: what the HTTP side needs to serve it, and the limits it checks locally."""
+
+    name: str
+    tokenizer: Any  # flotilla_server.model.tokenizer.Tokenizer (torch-free, picklable)
+    vocab_size: int
+    max_model_len: int
+    num_slots: int
+    num_kv_blocks: int
+    block_size: int
+    description: str = ""
+    is_demonstration: bool = False
+    pid: int = 0  # the process running the engine loop
+
+
+@dataclass(frozen=True)
+class EngineFailed:
+    """The engine could not start (or died): `message` says what to change."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class EngineUpdate:
+    """What one turn of the engine loop changed: admissions, refusals, tokens, and the state after it."""
+
+    stats: EngineStats
+    admitted: list[str] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)  # (request_id, why)
+    outputs: list[RequestOutput] = field(default_factory=list)
+    record: StepRecord | None = None  # set when the turn ran a step

@@ -1,0 +1,87 @@
+"""Each model's engine in its own process (issue 10), as a single-model server runs it: the `engines.Engines`
+implementation the CLI picks (docs/architecture.md, "Model cache").
+
+A load starts an engine process (engine/factory.make_engine) that reads the weights, builds its fixed KV
+pool and serves through its EngineClient; an unload shuts that process down, so the operating system takes
+back every byte of it: no reference cycles, no allocator caches to empty. The loading process shares no
+GIL with the resident models' engines (each in its own process) nor with the HTTP loop, so the old niced
+weights helper is gone; `options` (EngineOptions: nice, num_threads) applies to every model's process.
+The "inprocess" mode runs each engine on a thread of this process instead (tests, and machines where a
+process per model costs too much).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from flotilla_server.engine.config import EngineConfig
+from flotilla_server.engine.messages import EngineOptions
+from flotilla_server.model.config import ModelConfig
+from flotilla_server.model_cache.engines import ModelEngine
+from flotilla_server.model_cache.footprint import DTYPE_BYTES, kv_block_bytes, model_bytes, parameter_count
+
+
+def source_config(source: str) -> ModelConfig:
+    """The model's config, read without loading weights ('tiny' or a Hugging Face directory)."""
+    if source == "tiny":
+        from flotilla_server.model.tiny import TINY_CONFIG
+
+        return TINY_CONFIG
+    path = Path(source) / "config.json"
+    try:
+        return ModelConfig.from_hf(json.loads(path.read_text()))
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror}; give a Hugging Face model directory or 'tiny'") from None
+
+
+class EngineProcesses:
+    """One engine per loaded model: its own process (mode "process") or its own thread ("inprocess")."""
+
+    def __init__(self, config: EngineConfig, mode: str = "process", options: EngineOptions | None = None) -> None:
+        if config.kv_cache_memory_bytes is None and config.num_kv_blocks is None:
+            raise ValueError("multi-model mode needs a fixed KV pool per model: set --kv-cache-memory")
+        self.config = config
+        self.mode = mode
+        self.options = options or EngineOptions()
+
+    def start(self) -> None:
+        """Nothing to start ahead: each load starts its own engine."""
+
+    def close(self) -> None:
+        """Nothing shared to stop: each unload stopped its engine."""
+
+    def footprint_bytes(self, source: str) -> int:
+        c = self.config
+        return model_bytes(source_config(source), c.dtype, c.block_size, c.num_kv_blocks,
+                           c.kv_cache_memory_bytes or 0)
+
+    def load(self, name: str, source: str) -> ModelEngine:
+        from flotilla_server.engine.client import EngineStartError
+        from flotilla_server.engine.factory import make_engine
+
+        model_config = source_config(source)  # ValueError on an unusable source, before a process starts
+        config = replace(self.config, model=source)
+        engine = make_engine(config, self.mode, self.options)  # type: ignore[arg-type]
+        try:
+            info = engine.start()
+        except EngineStartError as e:
+            raise ValueError(str(e)) from None
+        weights = parameter_count(model_config) * DTYPE_BYTES[config.dtype]
+        kv = info.num_kv_blocks * kv_block_bytes(model_config, info.block_size, config.dtype)
+        return ModelEngine(name=name, source=source, engine=engine, tokenizer=info.tokenizer,
+                           vocab_size=info.vocab_size, max_model_len=info.max_model_len,
+                           memory_bytes=weights + kv, description=info.description,
+                           is_demonstration=info.is_demonstration)
+
+    def unload(self, handle: ModelEngine) -> None:
+        handle.engine.shutdown()  # process mode: the process exits and its memory goes with it
+        if self.mode != "process":
+            import gc
+
+            gc.collect()  # the model's modules hold reference cycles; free their tensors now
+            if self.config.device.startswith("cuda"):
+                import torch
+
+                torch.cuda.empty_cache()
