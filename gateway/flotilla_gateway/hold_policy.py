@@ -73,10 +73,13 @@ def wait_spent(route: ModelRoute) -> Admission:
 
 
 def pod_room(pod: PodView) -> int:
-    """How many more requests this pod's slots and admission queue take now."""
+    """How many more requests this pod's slots and admission queue take now, and never more at once than its
+    admission queue holds: a server counts a request as queued until its engine admits it, even one bound for a
+    free slot."""
     if pod.load_age_s is None:
         return max(0, UNKNOWN_POD_ROOM - pod.in_flight)
-    return max(0, pod.slots + pod.queue_capacity - max(pod.in_flight, pod.running + pod.waiting))
+    room = pod.slots + pod.queue_capacity - max(pod.in_flight, pod.running + pod.waiting)
+    return max(0, min(room, pod.queue_capacity)) if pod.queue_capacity > 0 else max(0, room)
 
 
 def releasable(pods: list[PodView] | tuple[PodView, ...], held: int) -> int:

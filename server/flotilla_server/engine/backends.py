@@ -116,7 +116,12 @@ class ProcessBackend:
                 self._kill()
                 raise EngineStartError(f"the engine process exited during start-up (exit code "
                                        f"{self.process.exitcode}); its log above says why")
-        first = parent.recv()
+        try:
+            first = parent.recv()
+        except EOFError:  # poll() also wakes on the child's death: its end closed before it said anything
+            self._kill()
+            raise EngineStartError(f"the engine process exited during start-up (exit code "
+                                   f"{self.process.exitcode}); its log above says why") from None
         if isinstance(first, EngineFailed):
             self._kill()
             raise EngineStartError(first.message)

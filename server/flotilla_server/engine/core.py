@@ -37,7 +37,7 @@ class EngineCore:
         sized_from_memory = config.num_kv_blocks is None and config.kv_cache_memory_bytes is None
         on_gpu = config.device != "cpu"
         # host memory is read before the weights load, so that they are subtracted once
-        host_bytes = host_capacity_bytes() if sized_from_memory and not on_gpu else 0
+        host_bytes = host_capacity_bytes() if not on_gpu else 0  # also bounds an explicit pool size
         self.loaded = loaded or load_model(config.model, config.dtype, config.device)
         mc = self.loaded.config
         dtype = torch_dtype(config.dtype)

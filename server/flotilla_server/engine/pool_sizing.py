@@ -74,6 +74,9 @@ def plan_pool(*, num_kv_blocks: int | None, kv_cache_memory_bytes: int | None, g
             )
     if blocks < 1:
         raise ValueError(f"{source} gives less than one KV block ({bytes_per_block} bytes); give the KV cache more")
+    if source != "--gpu-memory-utilization" and facts.capacity_bytes and blocks * bytes_per_block > facts.capacity_bytes:
+        raise ValueError(f"{source}: a KV cache of {blocks * bytes_per_block} bytes is more than the "
+                         f"{facts.capacity_bytes} bytes of memory this engine may use; lower {source}")
     held = blocks * block_size
     if requested_max_model_len is not None and blocks_for(wanted_len, block_size) > blocks:
         raise ValueError(

@@ -83,10 +83,10 @@ def test_bad_values_exit_with_a_message(argv, env, message, capsys):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--model", "/nonexistent"], "error: --model '/nonexistent' is neither 'tiny' nor a directory"),
+    (["--model", "/nonexistent"], "error: --model '/nonexistent' is neither 'tiny', a directory nor a .gguf file"),
     (["--device", "cuda:99"], "error: --device 'cuda:99' is not available"),
     (["--max-model-len", "999999"], "error: --max-model-len 999999 is outside the model's context of 1..2048"),
-    (["--num-kv-blocks", "4", "--max-model-len", "100"], "needs 7 KV blocks for one sequence but the pool has 4"),
+    (["--num-kv-blocks", "4", "--max-model-len", "100"], "--max-model-len 100 does not fit: the KV pool (--num-kv-blocks) holds 64 tokens"),
     (["--kv-cache-memory", "64Ti"], "error: --kv-cache-memory: a KV cache of"),
     (["--host", "999.1.1.1"], "error: --host '999.1.1.1' is not an address this machine can listen on"),
 ])
