@@ -78,8 +78,9 @@ def pod_room(pod: PodView) -> int:
     free slot."""
     if pod.load_age_s is None:
         return max(0, UNKNOWN_POD_ROOM - pod.in_flight)
-    room = pod.slots + pod.queue_capacity - max(pod.in_flight, pod.running + pod.waiting)
-    return max(0, min(room, pod.queue_capacity)) if pod.queue_capacity > 0 else max(0, room)
+    if pod.queue_capacity <= 0:
+        return max(0, pod.slots - max(pod.in_flight, pod.running + pod.waiting))
+    return max(0, pod.queue_capacity + pod.running - max(pod.in_flight, pod.running + pod.waiting))
 
 
 def releasable(pods: list[PodView] | tuple[PodView, ...], held: int) -> int:
