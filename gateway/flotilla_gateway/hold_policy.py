@@ -80,7 +80,8 @@ def pod_room(pod: PodView) -> int:
         return max(0, UNKNOWN_POD_ROOM - pod.in_flight)
     if pod.queue_capacity <= 0:
         return max(0, pod.slots - max(pod.in_flight, pod.running + pod.waiting))
-    return max(0, pod.queue_capacity + pod.running - max(pod.in_flight, pod.running + pod.waiting))
+    admitted = min(pod.running, pod.slots)  # only requests holding a slot are out of the server's queue count
+    return max(0, pod.queue_capacity + admitted - max(pod.in_flight, pod.running + pod.waiting))
 
 
 def releasable(pods: list[PodView] | tuple[PodView, ...], held: int) -> int:
