@@ -42,8 +42,12 @@ class LoadBoard:
         return [self.view(a, now) for a in addresses]
 
     def residences(self, addresses: Iterable[str], model: str) -> list[Residence]:
-        """Each pool pod as it stands for `model`: its state there, waiting, memory, and its LRU idle model's age."""
+        """Each pool pod as it stands for `model`: its state there, waiting, memory, and its LRU idle model's age.
+        A pod that does not report the model's size gets the size another pod reports (one model, one size)."""
         now = time.monotonic()
+        addresses = list(addresses)
+        sizes = [m.memory_bytes for a in addresses if (r := self.reports.get(a)) is not None for m in r[0].models
+                 if m.name == model and m.memory_bytes is not None]
         found = []
         for address in addresses:
             view = self.view(address, now)
@@ -54,7 +58,7 @@ class LoadBoard:
                     and m.last_used_s is not None]
             found.append(Residence(
                 view, state=row.state if row is not None else None, model_waiting=row.waiting if row else 0,
-                model_bytes=row.memory_bytes if row else None,
+                model_bytes=row.memory_bytes if row and row.memory_bytes is not None else max(sizes, default=None),
                 free_bytes=report[0].memory_free_bytes if report is not None else None,
                 lru_idle_s=max(idle, default=None)))
         return found
