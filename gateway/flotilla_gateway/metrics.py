@@ -1,6 +1,7 @@
 """The gateway's own Prometheus metrics: requests, held requests, hold time, retries, wakes, routing time,
-residency tiers of pooled models, and each pod's load as the gateway sees it. Every model series carries `model` and `model_namespace`;
-`flotilla_gateway_requests_held` is the autoscaler's pending demand (docs/autoscaling.md)."""
+residency tiers of pooled models, and each pod's load as the gateway sees it. Every model series carries
+`model` and `model_namespace`; `flotilla_gateway_requests_held` is the autoscaler's pending demand
+(docs/autoscaling.md)."""
 
 from __future__ import annotations
 
