@@ -1,4 +1,5 @@
-"""Kubernetes label and annotation keys, and child names, that the operator writes and the gateway and dashboards read."""
+"""Kubernetes label and annotation keys, and child names, that the operator writes and the gateway and dashboards
+read."""
 
 NAME_LABEL = "app.kubernetes.io/name"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
