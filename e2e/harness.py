@@ -33,6 +33,7 @@ from tests.support.prometheus import RealPrometheus
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "default"
 GROUP_VERSION, PLURAL = "flotilla.dev/v1alpha1", "inferencemodels"
+POOLS = "modelpools"
 
 
 def inference_model(name: str, policy: str = "cost-first", replicas: int = 1, max_num_seqs: int = 2,
@@ -49,6 +50,22 @@ def inference_model(name: str, policy: str = "cost-first", replicas: int = 1, ma
             "placement": {"policy": policy},
             "server": {"maxNumSeqs": max_num_seqs, "maxBatchedTokens": 256, "prefillChunk": 128,
                        "queueDepthPerSlot": 8, "queueTimeoutSeconds": 20, "drainTimeoutSeconds": 5},
+        },
+    }
+
+
+def model_pool(name: str, memory_budget_bytes: int, replicas: int = 0, max_num_seqs: int = 2,
+               extra_args: tuple[str, ...] = (), **scaling: Any) -> dict[str, Any]:
+    """A CPU ModelPool of small engines; `extra_args` reach each multi-model server (--kv-cache-memory, ...)."""
+    return {
+        "apiVersion": GROUP_VERSION, "kind": "ModelPool",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "resources": {"gpus": 0, "cpu": "1", "memory": "1Gi"},
+            "memoryBudget": str(memory_budget_bytes), "replicas": replicas, "scaling": scaling,
+            "server": {"maxNumSeqs": max_num_seqs, "maxBatchedTokens": 256, "prefillChunk": 128,
+                       "queueDepthPerSlot": 8, "queueTimeoutSeconds": 60, "drainTimeoutSeconds": 5,
+                       "extraArgs": list(extra_args)},
         },
     }
 
@@ -81,9 +98,14 @@ class Loop:
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         return self.k8s.create(obj)
 
-    def delete(self, name: str) -> None:
+    def delete(self, name: str, plural: str = PLURAL) -> None:
         with contextlib.suppress(Exception):
-            self.k8s.delete(GROUP_VERSION, PLURAL, name, NAMESPACE)
+            self.k8s.delete(GROUP_VERSION, plural, name, NAMESPACE)
+
+    def pool(self, name: str) -> dict[str, Any]:
+        obj = self.k8s.get(GROUP_VERSION, POOLS, name, NAMESPACE)
+        assert obj is not None, f"ModelPool {name} is gone"
+        return obj
 
     def model(self, name: str) -> dict[str, Any]:
         obj = self.k8s.get(GROUP_VERSION, PLURAL, name, NAMESPACE)
@@ -182,9 +204,9 @@ def monotone(values: list[int], rising: bool) -> bool:
 
 @contextlib.contextmanager
 def whole_loop(workdir: Path, autoscale_interval_s: float = 2.0, drift_interval_s: float = 5.0) -> Iterator[Loop]:
-    crd = yaml.safe_load((ROOT / "crds" / "flotilla.dev_inferencemodels.yaml").read_text())
+    crds = [yaml.safe_load((ROOT / "crds" / f"flotilla.dev_{plural}.yaml").read_text()) for plural in (PLURAL, POOLS)]
     with contextlib.ExitStack() as stack:
-        k8s = stack.enter_context(serve(workdir, crds=[crd], namespaces=(NAMESPACE,)))
+        k8s = stack.enter_context(serve(workdir, crds=crds, namespaces=(NAMESPACE,)))
         prometheus = stack.enter_context(RealPrometheus(workdir=workdir / "prometheus"))
         runner = stack.enter_context(PodRunner(k8s.url, NAMESPACE, prometheus, workdir))
         loop = Loop(k8s, prometheus, runner, workdir, operator_args=(

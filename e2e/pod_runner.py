@@ -12,7 +12,9 @@ report back, or nothing closes the loop. For each Deployment in its namespace th
   preStop sleep covers), and SIGKILL after the template's `terminationGracePeriodSeconds`;
 - writes the file-SD targets, labelled `namespace`, `pod` and `model` (the pod's
   `flotilla.dev/model-name` annotation, else its `--served-model-name`; without either, the
-  series keep the `model` label the server itself exports).
+  series keep the `model` label the server itself exports), and `pool` for a ModelPool's pods (from
+  their `flotilla.dev/model-pool` label, as the pool's ServiceMonitor relabels it);
+- fills ConfigMap volumes (a ModelPool's members file) per replica and keeps them current (pod_volumes).
 
 `endpoints(deployment)` is the Service: the ready replicas' base URLs, for the load generator. The
 same replicas are published as EndpointSlices, as the EndpointSlice controller would, for flotilla-gateway:
@@ -39,7 +41,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from flotilla_contract.labels import MODEL_POOL_LABEL
 
+from e2e.pod_volumes import config_map_mounts, refresh, rewrite_args
 from tests.support.ports import free_port
 from tests.support.prometheus import RealPrometheus, Target
 
@@ -105,6 +109,8 @@ class Replica:
     template_hash: str
     model: str
     log_path: Path
+    pool: str = ""  # the ModelPool whose pod this is
+    mounts: dict[str, tuple[Path, str]] = field(default_factory=dict)  # ConfigMap volumes (pod_volumes)
     started_s: float = field(default_factory=time.monotonic)
     ready: bool = False
     ready_at_s: float | None = None  # time.monotonic() when /readyz first answered 200
@@ -221,9 +227,13 @@ class PodRunner:
         self._publish_endpoints()
         self._reap()
         with self._lock:
-            targets = [Target(f"127.0.0.1:{r.port}", {"namespace": self.namespace, "pod": r.name}
-                              | ({"model": r.model} if r.model else {}))
-                       for rs in self._replicas.values() for r in rs]
+            live = [r for rs in self._replicas.values() for r in rs]
+        config_maps: dict[str, dict[str, str] | None] = {}  # one read of each ConfigMap per sync
+        for replica in live:
+            refresh(self.api, self.namespace, replica.mounts, config_maps)
+        targets = [Target(f"127.0.0.1:{r.port}", {"namespace": self.namespace, "pod": r.name}
+                          | ({"model": r.model} if r.model else {}) | ({"pool": r.pool} if r.pool else {}))
+                   for r in live]
         self.prometheus.set_targets(targets)
 
     def _sync_deployment(self, name: str, deployment: dict[str, Any]) -> None:
@@ -266,6 +276,9 @@ class PodRunner:
         port = free_port()
         name = f"{deployment}-{template_hash[:5]}-{next(self._names)}"
         argv, env = pod_command(template, port)
+        mounts = config_map_mounts(template, self.workdir / name)
+        refresh(self.api, self.namespace, mounts, {})
+        argv = rewrite_args(argv, mounts)
         log_path = self.workdir / f"{name}.log"
         with open(log_path, "wb") as out:
             process = subprocess.Popen(
@@ -274,7 +287,9 @@ class PodRunner:
             )
         self.starts[deployment] = self.starts.get(deployment, 0) + 1
         log.info("started %s on port %d: %s", name, port, " ".join(argv))
-        replica = Replica(deployment, name, port, process, template_hash, model_label(template, argv), log_path)
+        pool = (template.get("metadata", {}).get("labels") or {}).get(MODEL_POOL_LABEL, "")
+        replica = Replica(deployment, name, port, process, template_hash, model_label(template, argv), log_path,
+                          pool, mounts)
         self._create_pod(replica, template)
         return replica
 

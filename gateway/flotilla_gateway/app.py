@@ -28,7 +28,7 @@ from flotilla_gateway.access_log import log_request
 from flotilla_gateway.activator import Activator, refusal
 from flotilla_gateway.body_guard import read_body
 from flotilla_gateway.errors import GatewayError, error_response
-from flotilla_gateway.hold_policy import admit
+from flotilla_gateway.hold_policy import admit, wakes_again
 from flotilla_gateway.keys import Tenant, authenticate, authorize
 from flotilla_gateway.kube import KubeClient
 from flotilla_gateway.load_board import DEFAULT_POLL_INTERVAL_S, LoadBoard
@@ -112,6 +112,8 @@ class Gateway:
     def _on_routes(self) -> None:
         for route in self.routes.values():
             self.metrics.known(route)
+            if wakes_again(route, self.activator.held(route)):
+                self.waker.wake(route)  # once per generation of what it wakes
         self.activator.pump()
 
     def _on_load(self) -> None:
@@ -200,7 +202,7 @@ class Gateway:
 
     async def models(self, _: Request) -> Response:
         data = [{"id": r.name, "object": "model", "owned_by": "flotilla", "namespace": r.namespace,
-                 "ready_replicas": len(r.pods), "replicas": r.replicas,
+                 "ready_replicas": len(r.pods), "replicas": r.replicas, **({"pool": r.pool} if r.pool else {}),
                  "status": "degraded" if r.degraded else ("ready" if r.pods else "scaled_to_zero"
                                                           if r.replicas == 0 else "starting")}
                 for r in sorted(self.routes.values(), key=lambda r: r.name)]

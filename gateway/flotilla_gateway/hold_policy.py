@@ -6,8 +6,9 @@ Rules (docs/gateway.md, "Scale from zero"):
 - a model with ready pods and nobody held is routed; while anyone is held, newcomers queue behind them;
 - a model at zero replicas with autoscaling off is refused at once with 503: nothing will wake it;
 - otherwise the request is held, unless the hold queue is full (429); the first hold of a model at
-  zero replicas wakes it;
-- held requests are released to a pod no faster than its admission queue takes them.
+  zero replicas wakes it (a pooled model's replicas and scaling are its ModelPool's, and the pool is woken);
+- held requests are released to a pod no faster than its admission queue takes them;
+- whenever the route map changes, a model with held requests whose scaler is at zero is woken (again).
 """
 
 from __future__ import annotations
@@ -54,15 +55,23 @@ def admit(route: ModelRoute, held: int, draining: bool) -> Admission:
         return Admission("route")
     at_zero = route.replicas == 0
     if at_zero and route.scaling_disabled:
+        kind, name = route.scaled_by
+        what = f"The model {route.name!r}" + (f" (served by ModelPool {name})" if route.pool is not None else "")
         return Admission("refuse", status=503, code="scaled_to_zero",
-                         message=f"The model {route.name!r} is scaled to zero and autoscaling is off "
-                                 f"(spec.scaling.disabled): scale it up with `kubectl scale inferencemodel -n "
-                                 f"{route.namespace} {route.resource} --replicas=1`, or turn autoscaling on.")
+                         message=f"{what} is scaled to zero and autoscaling is off (spec.scaling.disabled of its "
+                                 f"{kind}): scale it up with `kubectl scale {kind.lower()} -n {route.namespace} "
+                                 f"{name} --replicas=1`, or turn autoscaling on.")
     if held >= route.max_held:
         return Admission("refuse", status=429, code="hold_queue_full", retry_after_s=retry_after_s(route),
                          message=f"The model {route.name!r} is starting and already holds {route.max_held} "
                                  f"requests (spec.coldStart.maxHeld): retry after {retry_after_s(route)} s.")
     return Admission("hold", wake=at_zero)
+
+
+def wakes_again(route: ModelRoute, held: int) -> bool:
+    """Requests are held while what scales the model is at zero (a member whose pool was seen only after they
+    came, or a scale to zero by hand): wake it, as the first hold would have."""
+    return held > 0 and route.replicas == 0 and not route.scaling_disabled and route.degraded is None
 
 
 def wait_spent(route: ModelRoute) -> Admission:

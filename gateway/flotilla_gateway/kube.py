@@ -1,6 +1,6 @@
 """A small asynchronous Kubernetes API client: list, watch and patch, over aiohttp.
 
-The gateway needs four verbs on two resources, on the same event loop as its proxy; the `kubernetes`
+The gateway needs four verbs on three resources, on the same event loop as its proxy; the `kubernetes`
 package is used only to read credentials (a kubeconfig, or the pod's service account in the cluster),
 so every authentication method it supports works here too.
 """
@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 
 MODELS = ("flotilla.dev", "v1alpha1", "inferencemodels")
+POOLS = ("flotilla.dev", "v1alpha1", "modelpools")
 ENDPOINT_SLICES = ("discovery.k8s.io", "v1", "endpointslices")
 
 
@@ -122,4 +123,5 @@ class KubeClient:
 
 
 MODELS_RESOURCE = Resource(*MODELS)
+POOLS_RESOURCE = Resource(*POOLS)
 ENDPOINT_SLICES_RESOURCE = Resource(*ENDPOINT_SLICES)

@@ -1,6 +1,6 @@
 """What the gateway knows of each pod's load: its own in-flight count (instant) and the figures the pod
-publishes at LOAD_PATH (polled every `poll_interval_s`). A pod never read, or read too long ago, counts as
-saturated in routing (routing.STALE_AFTER_S)."""
+publishes at LOAD_PATH (polled every `poll_interval_s`), including, on a pool pod, each model's state. A pod
+never read, or read too long ago, counts as saturated in routing (routing.STALE_AFTER_S)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import aiohttp
 from flotilla_contract.load import LOAD_PATH, ServerLoad
 from pydantic import ValidationError
 
+from flotilla_gateway.residency import Residence
 from flotilla_gateway.routing import PodView
 
 DEFAULT_POLL_INTERVAL_S = 0.25
@@ -39,6 +40,28 @@ class LoadBoard:
     def views(self, addresses: Iterable[str]) -> list[PodView]:
         now = time.monotonic()
         return [self.view(a, now) for a in addresses]
+
+    def residences(self, addresses: Iterable[str], model: str) -> list[Residence]:
+        """Each pool pod as it stands for `model`: its state there, waiting, memory, and its LRU idle model's age.
+        A pod that does not report the model's size gets the size another pod reports (one model, one size)."""
+        now = time.monotonic()
+        addresses = list(addresses)
+        sizes = [m.memory_bytes for a in addresses if (r := self.reports.get(a)) is not None for m in r[0].models
+                 if m.name == model and m.memory_bytes is not None]
+        found = []
+        for address in addresses:
+            view = self.view(address, now)
+            report = self.reports.get(address)
+            rows = report[0].models if report is not None else []
+            row = next((m for m in rows if m.name == model), None)
+            idle = [m.last_used_s for m in rows if m.state == "loaded" and m.waiting == 0 and m.running == 0
+                    and m.last_used_s is not None]
+            found.append(Residence(
+                view, state=row.state if row is not None else None, model_waiting=row.waiting if row else 0,
+                model_bytes=row.memory_bytes if row and row.memory_bytes is not None else max(sizes, default=None),
+                free_bytes=report[0].memory_free_bytes if report is not None else None,
+                lru_idle_s=max(idle, default=None)))
+        return found
 
     def start(self, session: aiohttp.ClientSession, pods: Callable[[], set[str]], on_update: Callable[[], None]) -> None:
         self._task = asyncio.create_task(self._poll(session, pods, on_update))

@@ -1,12 +1,14 @@
 """The gateway's own Prometheus metrics: requests, held requests, hold time, retries, wakes, routing time,
-and each pod's load as the gateway sees it. Every model series carries `model` and `model_namespace`;
-`flotilla_gateway_requests_held` is the autoscaler's pending demand (docs/autoscaling.md)."""
+residency tiers of pooled models, and each pod's load as the gateway sees it. Every model series carries
+`model` and `model_namespace`; `flotilla_gateway_requests_held` is the autoscaler's pending demand
+(docs/autoscaling.md)."""
 
 from __future__ import annotations
 
 from flotilla_contract.metrics import GATEWAY_REQUESTS_HELD, MODEL_LABEL, MODEL_NAMESPACE_LABEL
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from flotilla_gateway.residency import TIERS
 from flotilla_gateway.route_map import ModelRoute
 
 REQUESTS = "flotilla_gateway_requests"  # exported as flotilla_gateway_requests_total
@@ -17,6 +19,7 @@ RETRIES = "flotilla_gateway_upstream_retries"
 WAKES = "flotilla_gateway_wakes"
 ROUTING_SECONDS = "flotilla_gateway_routing_decision_seconds"
 POD_LOAD = "flotilla_gateway_pod_load"
+RESIDENCY = "flotilla_gateway_residency_choices"  # exported as flotilla_gateway_residency_choices_total
 MODEL = (MODEL_LABEL, MODEL_NAMESPACE_LABEL)
 RETRY_REASONS = ("connect_error", "429", "502", "503", "504")
 HOLD_BUCKETS_S = (0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
@@ -44,6 +47,8 @@ class GatewayMetrics:
         self.routing_seconds = Histogram(ROUTING_SECONDS, "Time to choose a pod, by model and policy.",
                                          [*MODEL, "policy"],
                                          buckets=ROUTING_BUCKETS_S, registry=r)
+        self.residency = Counter(RESIDENCY, "Pool pods chosen for pooled models, by residency tier (loaded, loading, "
+                                            "second_copy, free, lru, busy, unlisted).", [*MODEL, "tier"], registry=r)
         self.pod_load = Gauge(POD_LOAD, "Each pod's load as the gateway sees it, by figure "
                                         "(in_flight, waiting, running, kv_usage, age_seconds).",
                               [*MODEL, "pod", "figure"], registry=r)
@@ -61,6 +66,9 @@ class GatewayMetrics:
             self.retries.labels(route.name, route.namespace, reason)
         self.held.labels(route.name, route.namespace)
         self.oldest_held.labels(route.name, route.namespace)
+        if route.pool is not None:
+            for tier in TIERS:
+                self.residency.labels(route.name, route.namespace, tier)
 
     def wake(self, route: ModelRoute, result: str) -> None:
         self.wakes.labels(route.name, route.namespace, result).inc()

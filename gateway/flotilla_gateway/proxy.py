@@ -4,7 +4,8 @@ Rules (docs/gateway.md, "Passing through"):
 - retries happen only before the first byte reaches the client, at most MAX_RETRIES times, each to a pod
   not tried yet: on connect errors, on 502/503/504, and on a pod's 429 when another pod has room;
 - once the status line is passed on, bytes are forwarded as they arrive and never retried;
-- a client that leaves closes the upstream connection, so the server cancels the request and frees its KV.
+- a client that leaves closes the upstream connection, so the server cancels the request and frees its KV;
+- a pooled model's pod is chosen among its residency tier's pods (residency.place), then by its policy.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from starlette.types import Receive, Scope, Send
 from flotilla_gateway.errors import GatewayError
 from flotilla_gateway.load_board import LoadBoard
 from flotilla_gateway.metrics import GatewayMetrics
+from flotilla_gateway.residency import place
 from flotilla_gateway.route_map import ModelRoute
-from flotilla_gateway.routing import Policy, choose, retry_has_room
+from flotilla_gateway.routing import PodView, Policy, choose, retry_has_room
 
 MAX_RETRIES = 2
 RETRY_STATUSES = (502, 503, 504)
@@ -49,12 +51,29 @@ class Proxy:
         self.metrics = metrics
         self.on_finish = on_finish  # a pod's in-flight count fell: held requests may go
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
+        self.pressed_since: dict[tuple[str, str], float] = {}  # pooled model → when its waiting per copy passed target
 
     def _pick(self, route: ModelRoute, key: str, policy: Policy, tried: set[str]) -> str | None:
         started = time.perf_counter()
-        pod = choose(self.board.views(p for p in route.pods if p not in tried), key, policy)
+        untried = [p for p in route.pods if p not in tried]
+        pod = choose(self.board.views(untried), key, policy) if route.pool is None else \
+            self._pick_resident(route, untried, key, policy)
         self.metrics.routing_seconds.labels(route.name, route.namespace, policy).observe(time.perf_counter() - started)
         return pod.address if pod is not None else None
+
+    def _pick_resident(self, route: ModelRoute, addresses: list[str], key: str, policy: Policy) -> PodView | None:
+        """A pooled model: the residency tier first (loaded, loading, free budget, oldest LRU), then the policy."""
+        if not addresses:
+            return None
+        model = (route.namespace, route.name)
+        placement = place(self.board.residences(addresses, route.name), route.target_waiting,
+                          self.pressed_since.get(model), time.monotonic())
+        if placement.pressed_since_s is None:
+            self.pressed_since.pop(model, None)
+        else:
+            self.pressed_since[model] = placement.pressed_since_s
+        self.metrics.residency.labels(route.name, route.namespace, placement.tier).inc()
+        return choose(placement.pods, key, policy)
 
     async def forward(self, route: ModelRoute, path: str, body: bytes, headers: dict[str, str], key: str,
                       policy: Policy, outcome: Outcome, on_done: Callable[[], None]) -> Relay:

@@ -1,4 +1,4 @@
-"""From InferenceModels and EndpointSlices to the route of each served model name: a pure function.
+"""From InferenceModels, ModelPools and EndpointSlices to the route of each served model name: a pure function.
 
 Rules:
 - a model is known as soon as its InferenceModel exists, with or without ready pods (a known model is
@@ -7,7 +7,12 @@ Rules:
   name; the operator marks the other Degraded ModelNameConflict with the same rule;
 - a model's pods are the ready endpoints of the EndpointSlices labelled with its Service's name (the
   Service is named after the InferenceModel, in its namespace); an endpoint with no `ready` condition
-  counts as ready, as Kubernetes documents.
+  counts as ready, as Kubernetes documents;
+- a pooled model (its `status.pool` names the ModelPool it joined: the operator decides membership) routes to
+  its pool's ready pods instead: the endpoints of the pool's Service (`NAME-pool`, labels.pool_child_name).
+  The pool scales it and is woken for it, so its replicas, generation and `scaling.disabled` are the
+  pool's; the pool's `scaling.targetQueueDepth` is the waiting per copy above which it gets a second copy
+  (residency.py). Its hold bounds and Degraded condition stay the InferenceModel's own.
 """
 
 from __future__ import annotations
@@ -16,10 +21,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from flotilla_contract.labels import SERVICE_NAME_LABEL
+from flotilla_contract.labels import SERVICE_NAME_LABEL, pool_child_name
 
 DEFAULT_MAX_HELD = 256
 DEFAULT_MAX_WAIT_S = 300.0
+DEFAULT_POOL_TARGET_WAITING = 8.0  # the ModelPool CRD's scaling.targetQueueDepth default (a test holds them equal)
 SERVICE_PORT_NAME = "http"
 
 
@@ -29,14 +35,21 @@ class ModelRoute:
     namespace: str
     resource: str  # the InferenceModel's metadata.name (also its Service's name)
     created: str = ""  # creationTimestamp, RFC 3339 (sorts as text)
-    generation: int = 0  # metadata.generation: every scale write bumps it
-    replicas: int | None = None  # spec.replicas; None when unset
+    generation: int = 0  # metadata.generation of what scales it (the model, or its pool): every scale write bumps it
+    replicas: int | None = None  # spec.replicas of what scales it; None when unset (or the pool is not seen)
     scaling_disabled: bool = False
     policy: str | None = None  # spec.routing.policy; None: the default per endpoint
     max_held: int = DEFAULT_MAX_HELD
     max_wait_s: float = DEFAULT_MAX_WAIT_S
     degraded: str | None = None  # the Degraded condition's message while it is True
     pods: tuple[str, ...] = field(default=())  # ready endpoints, "host:port", sorted
+    pool: str | None = None  # the ModelPool serving it (status.pool); None: its own Deployment
+    target_waiting: float = DEFAULT_POOL_TARGET_WAITING  # pooled: waiting per copy above which it gets another
+
+    @property
+    def scaled_by(self) -> tuple[str, str]:
+        """(kind, name) of the object whose scale subresource wakes it."""
+        return ("ModelPool", self.pool) if self.pool is not None else ("InferenceModel", self.resource)
 
 
 def _get(obj: Any, *path: str) -> Any:
@@ -70,7 +83,21 @@ def route_of(model: dict[str, Any]) -> ModelRoute:
         max_held=int(cold.get("maxHeld", DEFAULT_MAX_HELD)),
         max_wait_s=float(cold.get("maxWaitSeconds", DEFAULT_MAX_WAIT_S)),
         degraded=degraded_message(model),
+        pool=_get(model, "status", "pool") or None,
     )
+
+
+def pooled(route: ModelRoute, pool: dict[str, Any] | None) -> ModelRoute:
+    """A member's route with its pool's scale figures; `pool` None: the pool is not seen (yet)."""
+    spec = (pool or {}).get("spec") or {}
+    replicas, target = spec.get("replicas"), _get(spec, "scaling", "targetQueueDepth")
+    return ModelRoute(**{
+        **route.__dict__,
+        "generation": int(_get(pool, "metadata", "generation") or 0),
+        "replicas": int(replicas) if replicas is not None else None,
+        "scaling_disabled": bool(_get(spec, "scaling", "disabled")),
+        "target_waiting": float(target) if target is not None else DEFAULT_POOL_TARGET_WAITING,
+    })
 
 
 def ready_endpoints(endpoint_slice: dict[str, Any]) -> list[str]:
@@ -92,8 +119,11 @@ def ready_endpoints(endpoint_slice: dict[str, Any]) -> list[str]:
     return found
 
 
-def build_routes(models: Iterable[dict[str, Any]], slices: Iterable[dict[str, Any]]) -> dict[str, ModelRoute]:
+def build_routes(models: Iterable[dict[str, Any]], slices: Iterable[dict[str, Any]],
+                 pools: Iterable[dict[str, Any]] = ()) -> dict[str, ModelRoute]:
     """Served name → route, for every InferenceModel not being deleted."""
+    pool_objects = {(_get(p, "metadata", "namespace") or "", _get(p, "metadata", "name")): p for p in pools
+                    if not _get(p, "metadata", "deletionTimestamp")}
     pods: dict[tuple[str, str], set[str]] = {}
     for endpoint_slice in slices:
         meta = endpoint_slice.get("metadata", {})
@@ -107,6 +137,10 @@ def build_routes(models: Iterable[dict[str, Any]], slices: Iterable[dict[str, An
         route = route_of(model)
         if route.name in routes:
             continue  # the older InferenceModel keeps the name; the operator marks this one Degraded
-        found = tuple(sorted(pods.get((route.namespace, route.resource), ())))
+        service = route.resource
+        if route.pool is not None:
+            route = pooled(route, pool_objects.get((route.namespace, route.pool)))
+            service = pool_child_name(route.pool)
+        found = tuple(sorted(pods.get((route.namespace, service), ())))
         routes[route.name] = ModelRoute(**{**route.__dict__, "pods": found})
     return routes

@@ -2,12 +2,15 @@
 
 The recommendation history lives in the InferenceModel's status, not in the operator's process, so
 that a restart neither forgets a scale-down window (and collapses the fleet) nor freezes it
-(KubeAI #383). Times are RFC 3339 strings, as everywhere in the Kubernetes API.
+(KubeAI #383). Times are RFC 3339 strings, as everywhere in the Kubernetes API. `woken_at` reads the stamp
+a gateway leaves on what it woke from zero (an InferenceModel or a ModelPool).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from flotilla_contract.labels import WOKEN_AT_ANNOTATION
 
 from flotilla_operator.autoscaler import AutoscalerState, Decision, Recommendation
 from flotilla_operator.rfc3339 import format_time, parse_time
@@ -88,3 +91,12 @@ def starting_replicas(current_replicas: int, deployment: dict[str, Any] | None) 
         if condition.get("type") == "Progressing" and condition.get("reason") == "ProgressDeadlineExceeded":
             return 0  # stuck pods are not coming: let the autoscaler act on demand again
     return max(current_replicas - int(status.get("readyReplicas") or 0), 0)  # pods not yet created count too
+
+
+def woken_at(obj: dict[str, Any]) -> float | None:
+    """When flotilla-gateway last woke the object from zero, from its annotation; None if never or unreadable."""
+    text = (obj["metadata"].get("annotations") or {}).get(WOKEN_AT_ANNOTATION)
+    try:
+        return parse_time(text) if text else None
+    except ValueError:
+        return None

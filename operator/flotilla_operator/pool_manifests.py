@@ -20,6 +20,7 @@ from flotilla_contract.labels import (
     PART_OF_LABEL,
     SERVER_APP_NAME,
     VERSION_LABEL,
+    pool_child_name,
 )
 from flotilla_contract.sizes import parse_bytes
 
@@ -65,8 +66,8 @@ class PoolOwner:
 
 
 def pool_deployment_name(pool_name: str) -> str:
-    """Children are `NAME-pool`, so a pool and an InferenceModel of the same name never share a Deployment."""
-    return f"{pool_name}-pool"
+    """Children are `NAME-pool` (flotilla_contract.labels.pool_child_name: the gateway reads the same rule)."""
+    return pool_child_name(pool_name)
 
 
 def pool_selector(pool_name: str) -> dict[str, str]:

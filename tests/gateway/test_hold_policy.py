@@ -10,6 +10,7 @@ from flotilla_gateway.hold_policy import (
     releasable,
     retry_after_s,
     wait_spent,
+    wakes_again,
 )
 from flotilla_gateway.route_map import ModelRoute
 from flotilla_gateway.routing import PodView
@@ -19,6 +20,8 @@ READY = ModelRoute(**{**BASE.__dict__, "pods": ("10.0.0.1:8000",)})
 ZERO = ModelRoute(**{**BASE.__dict__, "replicas": 0})
 ZERO_OFF = ModelRoute(**{**ZERO.__dict__, "scaling_disabled": True})
 DEGRADED = ModelRoute(**{**READY.__dict__, "degraded": "InvalidSpec: bad"})
+POOL_ZERO = ModelRoute(**{**ZERO.__dict__, "pool": "shared"})
+POOL_ZERO_OFF = ModelRoute(**{**POOL_ZERO.__dict__, "scaling_disabled": True})
 
 
 @pytest.mark.parametrize(("route", "held", "draining", "action", "status", "wake"), [
@@ -26,6 +29,8 @@ DEGRADED = ModelRoute(**{**READY.__dict__, "degraded": "InvalidSpec: bad"})
     (READY, 1, False, "hold", 0, False),  # newcomers queue behind held requests
     (BASE, 0, False, "hold", 0, False),  # pods still starting: hold, no wake
     (ZERO, 0, False, "hold", 0, True),  # at zero: hold and wake
+    (POOL_ZERO, 0, False, "hold", 0, True),  # a member of a pool at zero: the same (the pool is woken)
+    (POOL_ZERO_OFF, 0, False, "refuse", 503, False),
     (ZERO, 2, False, "hold", 0, True),
     (ZERO, 3, False, "refuse", 429, False),  # the hold queue is full
     (ZERO_OFF, 0, False, "refuse", 503, False),  # nothing will wake it
@@ -43,9 +48,20 @@ def test_messages_say_what_to_do() -> None:
     assert "InvalidSpec: bad" in admit(DEGRADED, 0, False).message
     assert "autoscaling is off" in admit(ZERO_OFF, 0, False).message
     assert "kubectl scale" in admit(ZERO_OFF, 0, False).message
+    pooled = admit(POOL_ZERO_OFF, 0, False).message
+    assert "ModelPool shared" in pooled and "kubectl scale modelpool -n ns shared --replicas=1" in pooled
     spent = wait_spent(ZERO)
     assert (spent.status, spent.retry_after_s) == (503, 30)
     assert retry_after_s(ModelRoute(**{**ZERO.__dict__, "max_wait_s": 3.0})) == 3
+
+
+@pytest.mark.parametrize(("route", "held", "wakes"), [
+    (POOL_ZERO, 1, True), (ZERO, 1, True),  # held while its scaler is at zero
+    (POOL_ZERO, 0, False), (READY, 1, False), (BASE, 1, False),  # nobody held, or not at zero
+    (POOL_ZERO_OFF, 1, False), (ModelRoute(**{**ZERO.__dict__, "degraded": "x"}), 1, False),
+])
+def test_wakes_again(route: ModelRoute, held: int, wakes: bool) -> None:
+    assert wakes_again(route, held) == wakes
 
 
 @pytest.mark.parametrize(("pod", "room"), [

@@ -65,3 +65,38 @@ def test_one_name_in_two_namespaces_goes_to_the_older() -> None:
         assert build_routes(order, [])["llama"].namespace == "team-b"
     gone = {**old, "metadata": {**old["metadata"], "deletionTimestamp": "2026-03-01T00:00:00Z"}}
     assert build_routes([gone, new], [])["llama"].namespace == "team-a"  # a deleted one gives the name up
+
+
+def pool(name: str, ns: str = "default", **spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": ns, "generation": 7}, "spec": spec}
+
+
+def joined(m: dict[str, Any], pool_name: str) -> dict[str, Any]:
+    return {**m, "status": {"pool": pool_name}}
+
+
+def test_a_pooled_model_routes_to_its_pools_pods_and_scales_with_the_pool() -> None:
+    slices = [endpoint_slice("shared-pool", ("127.0.0.2", True), ("127.0.0.3", True)),
+              endpoint_slice("m", ("127.0.0.9", True))]  # the member's own Service: not where the gateway looks
+    member = joined(model("m", "llama", replicas=3, coldStart={"maxHeld": 5}), "shared")
+    routes = build_routes([member, model("solo", pool="shared")], slices,
+                          [pool("shared", replicas=0, scaling={"disabled": True, "targetQueueDepth": 0})])
+    m = routes["llama"]
+    assert (m.pool, m.pods, m.replicas, m.generation, m.scaling_disabled, m.target_waiting, m.max_held) == (
+        "shared", ("127.0.0.2:8000", "127.0.0.3:8000"), 0, 7, True, 0.0, 5)
+    assert m.scaled_by == ("ModelPool", "shared")
+    solo = routes["solo"]  # spec.pool alone is not membership: the operator's status.pool says it joined
+    assert (solo.pool, solo.scaled_by) == (None, ("InferenceModel", "solo"))
+
+
+def test_a_member_whose_pool_is_not_seen_is_known_with_no_replicas() -> None:
+    routes = build_routes([joined(model("m"), "gone")], [], [pool("gone", ns="other", replicas=0)])
+    assert (routes["m"].pool, routes["m"].replicas, routes["m"].pods) == ("gone", None, ())
+
+
+def test_the_gateways_target_default_is_the_crds() -> None:
+    from flotilla_gateway.route_map import DEFAULT_POOL_TARGET_WAITING
+    from flotilla_operator.pool_types import PoolScalingSpec
+
+    assert PoolScalingSpec().target_queue_depth == DEFAULT_POOL_TARGET_WAITING
+    assert build_routes([joined(model("m"), "p")], [], [pool("p")])["m"].target_waiting == DEFAULT_POOL_TARGET_WAITING

@@ -1,16 +1,20 @@
-"""The real gateway routing to fake pods: the route map, streaming, errors, retries, least-load, disconnects."""
+"""The real gateway routing to fake pods: the route map, streaming, errors, retries, least-load, disconnects, and
+a pooled model by residency (the fake pool pods' load reports carry per-model state, as a multi-model
+flotilla-server's do): where it is loaded first, a second copy when its queue per copy stays above the pool's
+target, a cold load where it fits, else on the pod whose LRU model is oldest."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.gateway.conftest import Fleet
-from tests.support.gateway_cluster import inference_model
+from tests.support.gateway_cluster import inference_model, join_pool, model_pool, publish
 
 
 def chat(model: str, stream: bool = True, max_tokens: int = 8, **extra: object) -> dict:
@@ -74,7 +78,6 @@ def test_one_name_in_two_namespaces_routes_to_the_older(fleet: Fleet) -> None:
     old, new = fleet.new_address(), fleet.new_address()
     for address in (old, new):
         fleet.pods.start(address)
-    from tests.support.gateway_cluster import publish
 
     fleet.k8s.create(inference_model("shared", namespace="team-b"))
     time.sleep(1.1)  # creationTimestamp has one-second resolution
@@ -109,7 +112,6 @@ def test_retries_before_the_first_byte_go_to_another_pod(fleet: Fleet) -> None:
 def test_connect_errors_are_retried(fleet: Fleet) -> None:
     dead, live = sorted((fleet.new_address(), fleet.new_address()))  # published; nothing listens on `dead`
     fleet.pods.start(live).load_enabled = False  # no figures from either: neither is filtered out
-    from tests.support.gateway_cluster import publish
 
     fleet.k8s.create(inference_model("flaky", replicas=2))
     publish(fleet.k8s, "flaky", [dead, live], fleet.pods.port)
@@ -157,3 +159,81 @@ def test_metrics_carry_model_and_namespace(fleet: Fleet) -> None:
     assert 'flotilla_gateway_requests_total{code="200",model="counted",model_namespace="default"' in text
     assert "flotilla_gateway_routing_decision_seconds_bucket" in text
     assert 'flotilla_gateway_pod_load{figure="in_flight",model="counted"' in text
+
+
+GiB = 2**30
+POOL = "residency"
+
+
+def report(models: dict[str, tuple[str, int, float | None]], free_bytes: int) -> dict[str, Any]:
+    """A pool pod's load report: model → (state, waiting, idle seconds)."""
+    return {"waiting": sum(w for _, w, _ in models.values()), "slots": 8, "queue_capacity": 64, "kv_usage": 0.0,
+            "memory_budget_bytes": 4 * GiB, "memory_free_bytes": free_bytes,
+            "models": [{"name": n, "state": s, "waiting": w, "running": 0, "last_used_s": idle, "memory_bytes": GiB}
+                       for n, (s, w, idle) in models.items()]}
+
+
+def residency_choices(fleet: Fleet, model: str) -> dict[str, float]:
+    found = {}
+    for line in httpx.get(fleet.gateway.url + "/metrics").text.splitlines():
+        if line.startswith(f'flotilla_gateway_residency_choices_total{{model="{model}"'):
+            found[line.split('tier="')[1].split('"')[0]] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def send(fleet: Fleet, model: str, n: int) -> None:
+    for i in range(n):
+        r = httpx.post(fleet.gateway.url + "/v1/completions", json={"model": model, "prompt": f"p{i}", "max_tokens": 2})
+        assert r.status_code == 200, r.text
+
+
+def test_residency_routing_through_the_gateway(fleet: Fleet) -> None:
+    fleet.k8s.create(model_pool(POOL, replicas=3, scaling={"targetQueueDepth": 4}))
+    for member in ("hot", "cold"):
+        fleet.k8s.create(inference_model(member, pool=POOL, placement={"policy": "cost-first"}))
+        join_pool(fleet.k8s, member, POOL)
+    holder, spare, busy = (fleet.new_address() for _ in range(3))
+    states = {a: fleet.pods.start(a) for a in (holder, spare, busy)}
+    states[holder].load = report({"hot": ("loaded", 0, 0.5), "cold": ("available", 0, None)}, free_bytes=GiB // 2)
+    states[spare].load = report({"hot": ("available", 0, None), "cold": ("available", 0, None)}, free_bytes=2 * GiB)
+    states[busy].load = report({"hot": ("available", 0, None), "cold": ("available", 0, None),
+                                "other": ("loaded", 0, 600.0)}, free_bytes=0)
+    publish(fleet.k8s, f"{POOL}-pool", [holder, spare, busy], fleet.pods.port)
+    wait(lambda: fleet.routed("hot", 3), message="hot routed to the pool's three pods")
+    listed = {m["id"]: m for m in httpx.get(fleet.gateway.url + "/v1/models").json()["data"]}
+    assert listed["hot"]["pool"] == POOL and listed["hot"]["replicas"] == 3  # the pool's replicas, not the model's
+    time.sleep(0.3)  # a load poll reads the reports
+
+    send(fleet, "hot", 10)  # loaded on one pod: every request goes there, none pays a cold load elsewhere
+    assert (states[holder].requests, states[spare].requests, states[busy].requests) == (10, 0, 0)
+
+    send(fleet, "cold", 3)  # loaded nowhere: the pod with free budget loads it, evicting nothing
+    assert states[spare].requests == 3
+    states[spare].load = report({"hot": ("available", 0, None), "cold": ("loaded", 0, 0.1)}, free_bytes=GiB)
+    states[holder].load = report({"hot": ("loaded", 0, 0.5), "cold": ("available", 0, None)}, free_bytes=0)
+    time.sleep(0.3)
+
+    # hot's queue per copy (12 > the pool's targetQueueDepth 4) must last SECOND_COPY_AFTER_S before a second copy
+    states[holder].load = report({"hot": ("loaded", 12, 0.0), "cold": ("available", 0, None)}, free_bytes=0)
+    time.sleep(0.3)
+    send(fleet, "hot", 2)
+    assert (states[holder].requests, states[spare].requests) == (12, 3)  # pressure, but not for long yet
+    time.sleep(2.2)
+    send(fleet, "hot", 1)
+    assert states[spare].requests == 4  # the second copy goes to the pod with free budget
+    send(fleet, "hot", 1)
+    assert states[holder].requests == 13  # one copy per window: the next goes back to where it is loaded
+
+    # nowhere free, nowhere loaded: the pod whose least recently used idle model is oldest (busy's, 600 s)
+    fleet.k8s.create(inference_model("rare", pool=POOL, placement={"policy": "cost-first"}))
+    join_pool(fleet.k8s, "rare", POOL)
+    for state in states.values():
+        state.load = {**state.load, "memory_free_bytes": 0,
+                      "models": [*state.load["models"], {"name": "rare", "state": "available", "memory_bytes": GiB}]}
+    wait(lambda: fleet.routed("rare", 3), message="rare routed")
+    time.sleep(0.3)
+    send(fleet, "rare", 2)
+    assert states[busy].requests == 2
+    assert residency_choices(fleet, "hot") == {"loaded": 13, "loading": 0, "second_copy": 1, "free": 0, "lru": 0,
+                                               "busy": 0, "unlisted": 0}
+    assert residency_choices(fleet, "cold")["free"] == 3 and residency_choices(fleet, "rare")["lru"] == 2

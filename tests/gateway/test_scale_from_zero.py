@@ -10,9 +10,10 @@ import httpx
 import pytest
 
 from tests.gateway.conftest import Fleet
-from tests.support.gateway_cluster import gateway_process, inference_model, publish
+from tests.support.gateway_cluster import gateway_process, inference_model, join_pool, model_pool, publish
 
 IM = ("flotilla.dev/v1alpha1", "inferencemodels")
+MP = ("flotilla.dev/v1alpha1", "modelpools")
 
 
 def wait(check, timeout_s: float = 10.0, message: str = "condition"):
@@ -180,18 +181,76 @@ def test_sigterm_refuses_held_requests_and_finishes_streams(fleet: Fleet, tmp_pa
     assert "data: [DONE]" in lines and len([x for x in lines if x.startswith("data: ")]) == 61
 
 
+def test_members_of_a_pool_at_zero_are_held_and_wake_the_pool_once(fleet: Fleet) -> None:
+    fleet.k8s.create(model_pool("napping", replicas=0))
+    for member in ("nap-a", "nap-b"):
+        fleet.k8s.create(inference_model(member, replicas=1))
+        join_pool(fleet.k8s, member, "napping")
+    fleet.k8s.create(inference_model("nap-late", replicas=1))  # joins only after its requests are held
+    wait(lambda: '"pool":"napping"' in httpx.get(fleet.gateway.url + "/v1/models").text.replace(" ", ""))
+    address = fleet.new_address()
+    fleet.pods.start(address)
+
+    def pool_replicas() -> int:
+        return fleet.k8s.get(*MP, "napping", "default")["spec"]["replicas"]
+
+    def woken(*models: str) -> float:
+        return sum(float(line.rsplit(" ", 1)[1]) for line in httpx.get(fleet.gateway.url + "/metrics").text.splitlines()
+                   if line.startswith("flotilla_gateway_wakes_total") and 'result="woken"' in line
+                   and any(f'model="{m}"' in line for m in models))
+
+    async def two_members() -> list[httpx.Response]:
+        sending = asyncio.gather(post_all(fleet.gateway.url, "nap-a", 3), post_all(fleet.gateway.url, "nap-b", 3))
+        await asyncio.to_thread(wait, lambda: pool_replicas() == 1, 10, "the pool woken")
+        annotations = fleet.k8s.get(*MP, "napping", "default")["metadata"]["annotations"]
+        assert annotations["flotilla.dev/woken-at"].endswith("Z")
+        assert [replicas(fleet, m) for m in ("nap-a", "nap-b")] == [1, 1]  # the members' own scale is untouched
+        publish(fleet.k8s, "napping-pool", [address], fleet.pods.port)  # the pool's Service is NAME-pool
+        return [r for batch in await sending for r in batch]
+
+    assert [r.status_code for r in asyncio.run(two_members())] == [200] * 6
+    assert woken("nap-a", "nap-b") == 1  # one wake of the pool, not one per member
+
+    fleet.k8s.patch(*MP, "napping", "default", {"spec": {"replicas": 0}}, subresource="scale")
+    publish(fleet.k8s, "napping-pool", [], fleet.pods.port)
+
+    async def late_member() -> list[httpx.Response]:
+        sending = post_all(fleet.gateway.url, "nap-late", 3)
+        task = asyncio.ensure_future(sending)
+        await asyncio.to_thread(wait, lambda: held(fleet.gateway.url, "nap-late") == 3, 10, "held")
+        await asyncio.sleep(0.3)
+        assert pool_replicas() == 0  # not a member yet: nothing of the pool's to wake
+        join_pool(fleet.k8s, "nap-late", "napping")  # its held requests now wait on the pool: wake it
+        await asyncio.to_thread(wait, lambda: pool_replicas() == 1, 10, "the pool woken for the late member")
+        publish(fleet.k8s, "napping-pool", [address], fleet.pods.port)
+        return await task
+
+    assert [r.status_code for r in asyncio.run(late_member())] == [200] * 3
+    assert woken("nap-late") == 1 and fleet.pods.states[address].requests == 9
+
+
 def test_the_charts_cluster_role_allows_every_request_of_the_gateway(fleet: Fleet) -> None:
     from tests.chart.render import by_kind, render
     from tests.support.rbac import allows
 
     fleet.k8s.create(inference_model("audited", replicas=0, coldStart={"maxWaitSeconds": 1}))
-    wait(lambda: "audited" in httpx.get(fleet.gateway.url + "/v1/models").text)
-    httpx.post(fleet.gateway.url + "/v1/completions", json=body("audited"), timeout=10)
-    wait(lambda: "flotilla.dev/woken-at" in (fleet.k8s.get(*IM, "audited", "default")["metadata"].get("annotations") or {}))
+    fleet.k8s.create(model_pool("audited", replicas=0))  # and a pooled model, whose wake is its pool's
+    fleet.k8s.create(inference_model("audited-member", coldStart={"maxWaitSeconds": 1}))
+    join_pool(fleet.k8s, "audited-member", "audited")
+    wait(lambda: '"pool":"audited"' in httpx.get(fleet.gateway.url + "/v1/models").text.replace(" ", ""))
+
+    async def both() -> None:
+        await asyncio.gather(post_all(fleet.gateway.url, "audited", 1), post_all(fleet.gateway.url, "audited-member", 1))
+
+    asyncio.run(both())
+    for kind, name in ((IM, "audited"), (MP, "audited")):
+        wait(lambda kind=kind, name=name: "flotilla.dev/woken-at" in
+             (fleet.k8s.get(*kind, name, "default")["metadata"].get("annotations") or {}))
     (role,) = [r for r in by_kind(render("default"), "ClusterRole") if r["metadata"]["name"].endswith("-gateway")]
     requests = {(e.verb, e.group, e.resource) for e in fleet.k8s.emulator.audit if e.user_agent == "flotilla-gateway"}
     assert {("patch", "flotilla.dev", "inferencemodels/scale"), ("patch", "flotilla.dev", "inferencemodels"),
-            ("watch", "discovery.k8s.io", "endpointslices")} <= requests
+            ("patch", "flotilla.dev", "modelpools/scale"), ("patch", "flotilla.dev", "modelpools"),
+            ("watch", "flotilla.dev", "modelpools"), ("watch", "discovery.k8s.io", "endpointslices")} <= requests
     refused = [r for r in requests if not allows(role["rules"], *r)]
     assert refused == []
     granted = {(verb, group, resource) for rule in role["rules"] for group in rule["apiGroups"]

@@ -11,8 +11,8 @@ import logging
 from collections.abc import Iterator
 
 import pytest
-from flotilla_contract.metrics import REQUESTS_RUNNING, REQUESTS_WAITING, SLOTS
-from flotilla_operator import credentials, pool_types, types
+from flotilla_contract.metrics import GATEWAY_REQUESTS_HELD, REQUESTS_RUNNING, REQUESTS_WAITING, SLOTS
+from flotilla_operator import credentials, pool_types, rfc3339, types
 from flotilla_operator.handlers.pool_autoscale import autoscale_pool_once
 from flotilla_operator.kube import KubeClient
 from flotilla_operator.prometheus import PrometheusClient
@@ -32,7 +32,7 @@ log = logging.getLogger("test")
 
 
 class PoolReplica:
-    """One fake multi-model server: waiting, running and slots per member."""
+    """One fake multi-model server: waiting, running and slots per member; and a gateway's held requests."""
 
     def __init__(self) -> None:
         registry = CollectorRegistry()
@@ -40,6 +40,7 @@ class PoolReplica:
         for model in MEMBERS:
             for name, gauge in self.gauges.items():
                 gauge.labels(model=model).set(2 if name == SLOTS else 0)
+        self.held = Gauge(GATEWAY_REQUESTS_HELD, "held", ["model", "model_namespace"], registry=registry)
         self.port = free_port()
         self.server, _ = start_http_server(self.port, addr="127.0.0.1", registry=registry)
 
@@ -94,3 +95,33 @@ async def test_four_active_members_with_memory_for_two_a_replica_get_two_replica
     active = next(c for c in obj["status"]["conditions"] if c["type"] == "ScalingActive")
     assert (active["status"], active["reason"]) == ("True", "ValidMetricFound")
     assert "need 2 replicas of memory" in obj["status"]["autoscaler"]["lastDecision"]
+
+
+@pytest.mark.parametrize(("held", "woken_ago_s", "replicas", "reason"), [
+    (0, None, 0, "ScaleToZero"),  # idle far longer than scaleToZeroAfterSeconds
+    (0, 10.0, 1, "WaitingForIdleWindow"),  # a gateway woke it 10 s ago: its held requests may not be scraped yet
+    (2, None, 1, "Stable"),  # a member's requests are held: demand, never zero
+])
+async def test_held_requests_and_a_fresh_wake_keep_an_idle_pool_up(world, held: int, woken_ago_s: float | None,
+                                                                   replicas: int, reason: str) -> None:
+    k8s, prom, replica = world
+    for model in MEMBERS:
+        replica.gauges[REQUESTS_RUNNING].labels(model=model).set(0)
+    replica.held.labels(model="idle", model_namespace=NS).set(held)
+    prom.wait_for(f'sum({REQUESTS_RUNNING}{{pool="{POOL}"}}) + sum({GATEWAY_REQUESTS_HELD})', lambda v: v == held,
+                  timeout_s=10)
+    if k8s.get(types.API_VERSION, pool_types.PLURAL, POOL, NS) is not None:
+        k8s.delete(types.API_VERSION, pool_types.PLURAL, POOL, NS)
+    body = pool(1)
+    if woken_ago_s is not None:
+        body["metadata"]["annotations"] = {"flotilla.dev/woken-at": rfc3339.format_time(NOW - woken_ago_s)}
+    created = k8s.create(body)
+    k8s.patch(types.API_VERSION, pool_types.PLURAL, POOL, NS, {
+        "metadata": {"resourceVersion": created["metadata"]["resourceVersion"]},
+        "status": {"members": [{"name": "idle", "model": "idle", "source": "tiny"}],  # no activity in the window
+                   "autoscaler": {"idleSince": rfc3339.format_time(NOW - 10_000),
+                                  "recommendations": [{"time": rfc3339.format_time(NOW - 10_000), "replicas": 0}]}}},
+              subresource="status")
+    obj = await tick(k8s, prom.url)
+    assert (obj["spec"]["replicas"], obj["status"]["autoscaler"]["lastReason"]) == (replicas, reason), \
+        obj["status"]["autoscaler"]["lastDecision"]

@@ -36,6 +36,8 @@ ENDPOINT_SLICES = Kind("discovery.k8s.io", "v1", "endpointslices", "EndpointSlic
 # The InferenceModel without its schema: these tests read and write only fields the gateway uses.
 INFERENCE_MODELS = Kind("flotilla.dev", "v1alpha1", "inferencemodels", "InferenceModel",
                         subresources=("status", "scale"), short_names=("im",))
+MODEL_POOLS = Kind("flotilla.dev", "v1alpha1", "modelpools", "ModelPool", subresources=("status", "scale"),
+                   short_names=("mp",))
 
 
 @attrs.define(kw_only=True)
@@ -53,9 +55,10 @@ class GatewayEmulator(FlotillaEmulator):
 
 @contextlib.contextmanager
 def serve_api(directory: Path) -> Iterator[EmulatorHandle]:
-    """The emulator serving InferenceModels and EndpointSlices, with a kubeconfig at directory/kubeconfig."""
+    """The emulator serving InferenceModels, ModelPools and EndpointSlices, with a kubeconfig at
+    directory/kubeconfig."""
     emulator = GatewayEmulator()
-    for kind in (ENDPOINT_SLICES, INFERENCE_MODELS):
+    for kind in (ENDPOINT_SLICES, INFERENCE_MODELS, MODEL_POOLS):
         emulator.register(kind)
     with serve(directory, namespaces=("default", "team-a", "team-b"), emulator=emulator) as handle:
         yield handle
@@ -66,6 +69,17 @@ def inference_model(name: str, *, namespace: str = "default", served: str | None
     return {"apiVersion": "flotilla.dev/v1alpha1", "kind": "InferenceModel",
             "metadata": {"name": name, "namespace": namespace},
             "spec": {"model": {"name": served or name}, "replicas": replicas, **spec}}
+
+
+def model_pool(name: str, *, namespace: str = "default", replicas: int = 1, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "flotilla.dev/v1alpha1", "kind": "ModelPool", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"replicas": replicas, **spec}}
+
+
+def join_pool(k8s: EmulatorHandle, model: str, pool: str, namespace: str = "default") -> None:
+    """What the operator writes once `model` joined `pool`: its status.pool."""
+    k8s.patch("flotilla.dev/v1alpha1", "inferencemodels", model, namespace, {"status": {"pool": pool}},
+              subresource="status")
 
 
 def publish(k8s: EmulatorHandle, service: str, addresses: list[str], port: int, namespace: str = "default",

@@ -15,7 +15,6 @@ from typing import Any
 
 import kopf
 import pydantic
-from flotilla_contract.labels import WOKEN_AT_ANNOTATION
 
 from flotilla_operator import autoscaler, metrics, rfc3339, types
 from flotilla_operator.autoscaler_status import (
@@ -26,6 +25,7 @@ from flotilla_operator.autoscaler_status import (
     starting_replicas,
     state_from_status,
     status_patch,
+    woken_at,
 )
 from flotilla_operator.events import object_ref, post_event
 from flotilla_operator.kube import KubeError
@@ -58,15 +58,6 @@ def pool_metrics(sample: PoolSample | None, spec: types.InferenceModelSpec) -> a
         slots_per_replica=sample.slots_per_replica or spec.server.max_num_seqs,  # no replica: the spec's slots
         replicas_reporting=sample.replicas_reporting,
     )
-
-
-def woken_at(obj: dict[str, Any]) -> float | None:
-    """When flotilla-gateway last woke the model from zero, from its annotation; None if never or unreadable."""
-    text = (obj["metadata"].get("annotations") or {}).get(WOKEN_AT_ANNOTATION)
-    try:
-        return rfc3339.parse_time(text) if text else None
-    except ValueError:
-        return None
 
 
 async def measure(prometheus: PrometheusClient, namespace: str, model: str,

@@ -4,11 +4,15 @@ Every `--autoscale-interval-s`: the pool's aggregate queue, the requests the gat
 and the members active in the demand window, from Prometheus (pool_prometheus); then, under the pool's
 lock, the pure `pool_autoscaler.decide_pool` (decide() above the memory floor), a PATCH of the pool's
 scale subresource when the replicas change, and `status.autoscaler` plus ScalingActive on the pool.
+Held requests are demand (`P`), so a pool is never scaled to zero while a member's requests are held; nor
+within scaleToZeroAfterSeconds of the `flotilla.dev/woken-at` stamp a gateway puts on the pool it wakes,
+as for a model (its held requests may not be in Prometheus yet).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
@@ -24,6 +28,7 @@ from flotilla_operator.autoscaler_status import (
     starting_replicas,
     state_from_status,
     status_patch,
+    woken_at,
 )
 from flotilla_operator.events import post_event
 from flotilla_operator.kube import KubeError
@@ -101,7 +106,7 @@ async def _decide_and_apply(ctx: Context, namespace: str, name: str, demand: Poo
     observation = autoscaler.Observation(
         metrics=pool_metrics, current_replicas=current, ready_replicas=ready,
         starting_replicas=starting_replicas(current, deployment), now_s=now_s,
-        pending_demand=int(demand.held) if demand else 0)
+        pending_demand=math.ceil(demand.held) if demand else 0, woken_at_s=woken_at(obj))
     floor = floor_of(spec, demand.active_models) if demand else 0
     decision = decide_pool(scaling_spec(spec), floor, observation, state_from_status(status.get("autoscaler")))
     if decision.desired_replicas != current:
