@@ -31,6 +31,10 @@ def _join(base: str, sub: str) -> str:
     return f"{base}/{sub}" if sub else base
 
 
+def _is_gguf(path: str) -> bool:
+    return path.endswith(".gguf")
+
+
 def render_source(source: ModelSource, server_image: str) -> SourceRender:
     if source.builtin is not None:
         return SourceRender(model_arg=source.builtin, startup_budget_s=120)
@@ -49,19 +53,25 @@ def render_source(source: ModelSource, server_image: str) -> SourceRender:
         if hf.token_secret is not None:
             env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
                 "name": hf.token_secret.name, "key": hf.token_secret.key}}})
+        # with `file`, only that file is fetched (`hf download REPO FILE`), and --model names it
+        files = [hf.file] if hf.file else []
         init = {
             "name": "download-model", "image": server_image,
-            "command": [*DOWNLOAD_COMMAND, hf.repo, "--revision", hf.revision, "--local-dir", DOWNLOAD_DIR],
+            "command": [*DOWNLOAD_COMMAND, hf.repo, *files, "--revision", hf.revision, "--local-dir", DOWNLOAD_DIR],
             "env": env, "volumeMounts": [init_mount, tmp_mount], "securityContext": dict(INIT_SECURITY),
         }
-        return SourceRender(DOWNLOAD_DIR, [volume], [mount], [init], startup_budget_s=900)
+        model_arg = _join(DOWNLOAD_DIR, hf.file) if hf.file else DOWNLOAD_DIR
+        return SourceRender(model_arg, [volume], [mount], [init], startup_budget_s=900)
     if source.image is not None:
         # Copied by an init container rather than mounted as an image volume: works on every
         # Kubernetes version (image volumes need 1.31+ and a feature gate before 1.33).
+        # A `.gguf` file keeps its name (the server reads the file type from it) next to where a directory goes.
+        path = _join("", source.image.path)
+        target = _join(MODELS_DIR, path.rsplit("/", 1)[-1]) if _is_gguf(path) else DOWNLOAD_DIR
         init = {
             "name": "copy-model", "image": source.image.reference,
-            "command": ["cp", "-R", _join("", source.image.path), DOWNLOAD_DIR],
+            "command": ["cp", "-R", path, target],
             "volumeMounts": [init_mount], "securityContext": dict(INIT_SECURITY),
         }
-        return SourceRender(DOWNLOAD_DIR, [volume], [mount], [init], startup_budget_s=900)
+        return SourceRender(target, [volume], [mount], [init], startup_budget_s=900)
     raise ValueError("model.source must set exactly one of huggingface, pvc, image or builtin")

@@ -51,8 +51,9 @@ PODS_TEXT = """\
 |---|---|---|
 | `builtin: tiny` | embedded in the server; demonstration only | `tiny` |
 | `huggingface` | init container `download-model` runs `hf download REPO --revision REV` (the `hf` CLI of `huggingface_hub`, shipped in the server image) into an `emptyDir`; `HF_TOKEN` comes from `tokenSecret` | `/models/model` |
-| `pvc` | the claim mounted read-only at `/models`; a missing claim makes the model `Degraded` (`ClaimNotFound`) and no pods are created until it exists | `/models/PATH` |
-| `image` | init container `copy-model` copies `PATH` out of the model image into an `emptyDir` (works on every Kubernetes version, unlike image volumes) | `/models/model` |
+| `huggingface` with `file` | the same, fetching only that `.gguf` file (`hf download REPO FILE`): one quantization, not the whole repository | `/models/model/FILE` |
+| `pvc` | the claim mounted read-only at `/models`; a missing claim makes the model `Degraded` (`ClaimNotFound`) and no pods are created until it exists; `PATH` is a model directory or a `.gguf` file | `/models/PATH` |
+| `image` | init container `copy-model` copies `PATH` out of the model image into an `emptyDir` (works on every Kubernetes version, unlike image volumes) | `/models/model`, or `/models/NAME.gguf` when `PATH` is a `.gguf` file |
 
 - Arguments: every `spec.server` field becomes the matching `flotilla-server` flag; defaults come from
   `flotilla_contract.flags`. `gpuMemoryUtilization` becomes `--gpu-memory-utilization`: the server loads the

@@ -25,6 +25,8 @@ DEFAULT_SERVER_IMAGE = "ghcr.io/flotilla-dev/flotilla-server:0.1.0"
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+# a relative path of a `.gguf` file: segments never start with a dot, so no `..` and no hidden file
+GGUF_RELATIVE_PATH = r"^[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*\.gguf$"
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$"
 
 
@@ -50,6 +52,14 @@ class HuggingFaceSource(ApiModel):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$",
     )
     revision: str = Field("main", description="revision is the branch, tag or commit to download.", min_length=1)
+    file: str | None = Field(
+        None,
+        description=(
+            "file downloads only this `.gguf` file of the repository (one quantization, not all of them), "
+            "and the server loads it; unset downloads the whole repository as a Hugging Face model directory."
+        ),
+        pattern=GGUF_RELATIVE_PATH,
+    )
     token_secret: SecretKeyRef | None = Field(
         None, description="tokenSecret names the Secret key holding a Hugging Face token, for gated models."
     )
@@ -61,7 +71,11 @@ class PVCSource(ApiModel):
         pattern=DNS_SUBDOMAIN,
     )
     path: str = Field(
-        "", description="path is the model directory inside the volume; empty means the volume's root."
+        "",
+        description=(
+            "path is the model inside the volume: a Hugging Face model directory or a `.gguf` file; "
+            "empty means the volume's root."
+        ),
     )
 
 
@@ -72,7 +86,10 @@ class ImageSource(ApiModel):
     )
     path: str = Field(
         "/model",
-        description="path is the model directory inside the image: absolute, and not `/` itself.",
+        description=(
+            "path is the model inside the image: a Hugging Face model directory or a `.gguf` file; "
+            "absolute, and not `/` itself."
+        ),
         pattern=r"^/[^/]",
     )
 

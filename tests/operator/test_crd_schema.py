@@ -95,6 +95,10 @@ INVALID = [
     ("unknown dtype", _with("server.dtype", "int4"), "spec.server.dtype: 'int4' is not one of"),
     ("image source copying the whole root", _with("model.source", {"image": {"reference": "r/m:1", "path": "/"}}),
      "spec.model.source.image.path: '/' does not match"),
+    ("Hugging Face file that is not a GGUF", _with("model.source", {"huggingface": {"repo": "o/m", "file": "model.safetensors"}}),
+     "spec.model.source.huggingface.file: 'model.safetensors' does not match"),
+    ("Hugging Face file climbing out of the volume", _with("model.source", {"huggingface": {"repo": "o/m", "file": "../x.gguf"}}),
+     "spec.model.source.huggingface.file: '../x.gguf' does not match"),
     ("zero queue timeout", _with("server.queueTimeoutSeconds", 0),
      "spec.server.queueTimeoutSeconds: 0 is less than or equal to the minimum of 0"),
 ]

@@ -152,6 +152,29 @@ def test_image_source_copies_the_model_in_an_init_container():
         kubernetes_validate.validate(deployment, version, strict=True)
 
 
+def test_a_gguf_source_hands_the_server_the_file_itself():
+    """A GGUF arrives as one file; `--model` must name it, since the server reads the type from its name."""
+    obj = load_example(ROOT / "examples" / "smollm2-135m-instruct.yaml")
+    deployment = children(owner_of(obj))["Deployment"]
+    init = deployment["spec"]["template"]["spec"]["initContainers"][0]
+    hf = obj["spec"]["model"]["source"]["huggingface"]
+    assert init["command"] == ["hf", "download", hf["repo"], hf["file"], "--revision", hf["revision"],
+                               "--local-dir", "/models/model"]
+    assert flag(container(deployment)["args"], "--model") == f"/models/model/{hf['file']}"
+
+    obj["spec"]["model"]["source"] = {"image": {"reference": "registry.example/models/smol:1", "path": "/w/smol.Q4_1.gguf"}}
+    deployment = children(owner_of(obj))["Deployment"]
+    init = deployment["spec"]["template"]["spec"]["initContainers"][0]
+    assert init["command"] == ["cp", "-R", "/w/smol.Q4_1.gguf", "/models/smol.Q4_1.gguf"]
+    assert flag(container(deployment)["args"], "--model") == "/models/smol.Q4_1.gguf"
+
+    obj["spec"]["model"]["source"] = {"pvc": {"claimName": "models", "path": "smol/smol.Q4_1.gguf"}}
+    deployment = children(owner_of(obj))["Deployment"]
+    assert flag(container(deployment)["args"], "--model") == "/models/smol/smol.Q4_1.gguf"
+    for version in ("1.30.0", "1.37.0"):
+        kubernetes_validate.validate(deployment, version, strict=True)
+
+
 def test_the_deprecated_kv_fraction_is_still_rendered_unless_gpu_memory_utilization_is_set():
     spec = {"model": {"name": "m", "source": {"builtin": "tiny"}}, "resources": {"memory": "8Gi"},
             "server": {"kvCacheMemoryFraction": 0.5}}

@@ -1,19 +1,22 @@
 """The offline benchmark's models and request mixes, built in-process with no download.
 
 `tiny` is the embedded demonstration model. `llama-100m` is a random Llama of about 100M parameters
-(grouped-query attention, tiny's byte-level tokenizer). `to_transformers` copies a DecoderModel's
+(grouped-query attention, tiny's byte-level tokenizer). `smollm2` is the real model of `make run`, read from
+the cache that `make model` fills (docs/models.md); the bench never downloads it. `to_transformers` copies a DecoderModel's
 weights into the equivalent transformers model, so the `transformers` mode runs the same weights.
 """
 
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from flotilla_server.model import DecoderModel, LoadedModel, ModelConfig
-from flotilla_server.model.loader import torch_dtype
+from flotilla_server.model.loader import load_model, torch_dtype
 from flotilla_server.model.tiny import TINY_CONFIG, build_tiny_model, build_tiny_tokenizer
 
 
@@ -27,7 +30,7 @@ class Request:
 class Workload:
     name: str
     description: str
-    model: str  # "tiny" or "llama-100m"
+    model: str  # "tiny", "llama-100m", "llama-small" or "smollm2"
     num_requests: int
     min_len: int  # prompt and output lengths are each drawn uniformly from [min_len, max_len]
     max_len: int
@@ -44,6 +47,9 @@ WORKLOADS = {
     "llama-100m": Workload("llama-100m", "random Llama ~100M parameters, 64 requests, lengths 8-256",
                            "llama-100m", 64, 8, 256, sequential_stride=8, transformers_batch=32,
                            transformers_batches=1),
+    "smollm2": Workload("smollm2", "SmolLM2-135M-Instruct (make run's model), 64 requests, lengths 8-256",
+                        "smollm2", 64, 8, 256, sequential_stride=8, transformers_batch=32,
+                        transformers_batches=1),
 }
 QUICK_WORKLOADS = {
     "tiny": Workload("tiny", "tiny, 12 requests, lengths 8-40 (--quick)", "tiny", 12, 8, 40,
@@ -66,7 +72,21 @@ LLAMA_SMALL = ModelConfig(
 )
 
 
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_path() -> Path:
+    """Where `make model` (scripts/fetch_smollm2.py) keeps the GGUF: $FLOTILLA_CACHE_DIR/models."""
+    root = os.environ.get("FLOTILLA_CACHE_DIR") or Path.home() / ".cache" / "flotilla"
+    return Path(root) / "models" / SMOLLM2_FILE
+
+
 def build_model(name: str, seed: int = 0, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
+    if name == "smollm2":
+        path = smollm2_path()
+        if not path.is_file():
+            raise SystemExit(f"flotilla-bench: {path} is missing; `make model` fetches it once")
+        return load_model(str(path), device=device, dtype=dtype)
     if name == "tiny":
         model = build_tiny_model()
         config = TINY_CONFIG
