@@ -10,33 +10,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from flotilla_contract.request_body import body_problem, too_large_message
 from starlette.requests import ClientDisconnect, Request
 
 from flotilla_gateway.errors import GatewayError
 
 _DISCARD_FACTOR = 16  # beyond this many limits of excess, stop reading and just answer
-
-
-def too_large_message(max_body_bytes: int) -> str:
-    return (f"Request body is larger than {max_body_bytes} bytes: shorten the prompt or messages "
-            "(the server's --max-body-bytes sets the limit).")
-
-
-def body_problem(raw: bytes) -> str | None:
-    """Why `raw` is not a JSON object, in the server's words; None when it is one."""
-    if not raw:
-        return "Request body is empty: send a JSON object, e.g. {\"model\": ..., \"prompt\": ...}."
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return f"Request body is not valid UTF-8 (byte {e.start}): encode the JSON body as UTF-8."
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        return f"Request body is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}): send a JSON object."
-    if not isinstance(value, dict):
-        return f"Request body must be a JSON object, not a {type(value).__name__}: wrap the fields in {{...}}."
-    return None
 
 
 def model_problem(body: dict[str, Any]) -> str | None:

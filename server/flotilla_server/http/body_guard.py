@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable
 
 from flotilla_contract.flags import DEFAULT_MAX_BODY_BYTES
+from flotilla_contract.request_body import body_problem, too_large_message
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from flotilla_server.http.errors import error_body
@@ -33,7 +34,7 @@ class BodyGuard:
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             await self._discard(receive)
-            await self._refuse(send, 413, self._too_large())
+            await self._refuse(send, 413, too_large_message(self.max_body_bytes))
             return
         chunks: list[bytes] = []
         size = 0
@@ -46,13 +47,13 @@ class BodyGuard:
             if size > self.max_body_bytes:
                 if message.get("more_body", False):
                     await self._discard(receive)
-                await self._refuse(send, 413, self._too_large())
+                await self._refuse(send, 413, too_large_message(self.max_body_bytes))
                 return
             chunks.append(body)
             if not message.get("more_body", False):
                 break
         raw = b"".join(chunks)
-        problem = self._problem(raw)
+        problem = body_problem(raw)
         if problem is not None:
             await self._refuse(send, 400, problem)
             return
@@ -76,26 +77,6 @@ class BodyGuard:
             if message["type"] == "http.disconnect" or not message.get("more_body", False):
                 return
             dropped += len(message.get("body", b""))
-
-    def _too_large(self) -> str:
-        return (f"Request body is larger than {self.max_body_bytes} bytes: shorten the prompt or messages "
-                "(the server's --max-body-bytes sets the limit).")
-
-    @staticmethod
-    def _problem(raw: bytes) -> str | None:
-        if not raw:
-            return "Request body is empty: send a JSON object, e.g. {\"model\": ..., \"prompt\": ...}."
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            return f"Request body is not valid UTF-8 (byte {e.start}): encode the JSON body as UTF-8."
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as e:
-            return f"Request body is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}): send a JSON object."
-        if not isinstance(value, dict):
-            return f"Request body must be a JSON object, not a {type(value).__name__}: wrap the fields in {{...}}."
-        return None
 
     async def _refuse(self, send: Send, status: int, message: str) -> None:
         if self.on_refuse is not None:
