@@ -46,8 +46,14 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	PYTHONPATH="$(CURDIR)/contract:$(CURDIR)/server:$(CURDIR)/operator:$(CURDIR)/gateway:$(CURDIR)/sim$${PYTHONPATH:+:$$PYTHONPATH}" $(VENV)/bin/lint-imports
 
+# Two passes: the tests free of timing bounds two at a time (pytest-xdist, one file per worker, so a module's
+# server starts once), then the `serial` ones (latency and rate bounds, deadlines, the e2e/ loops) alone.
+# Both passes always run; the target fails if either did.
 test: setup tools lint model
-	PATH="$(CURDIR)/.tools/bin:$$PATH" $(VENV)/bin/pytest
+	@export PATH="$(CURDIR)/.tools/bin:$$PATH"; \
+	  $(VENV)/bin/pytest -n 2 --dist loadfile -m "not serial"; first=$$?; \
+	  $(VENV)/bin/pytest -m serial; second=$$?; \
+	  [ $$first -eq 0 ] && [ $$second -eq 0 ]
 
 # bench: the offline figures into bench-results/ (untracked); bench-docs then copies them over docs/bench/
 BENCH_OUT := bench-results

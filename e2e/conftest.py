@@ -19,10 +19,12 @@ _HERE = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test under e2e/ is marked `e2e` (`pytest -m "not e2e"` skips the whole loop)."""
+    """Every test under e2e/ is marked `e2e` (`pytest -m "not e2e"` skips the whole loop) and `serial`: each
+    runs a whole fleet with deadlines, so `make test` gives it the machine alone."""
     for item in items:
         if _HERE in Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.e2e)
+            item.add_marker(pytest.mark.serial)
 
 
 @pytest.fixture(scope="session")

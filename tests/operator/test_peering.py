@@ -21,6 +21,8 @@ from tests.support.k8s_emulator import serve
 from tests.support.operator_process import OperatorProcess, start_operator
 from tests.support.rbac import allows
 
+pytestmark = pytest.mark.serial  # a takeover deadline after SIGKILL
+
 TAKEOVER_S = 30.0
 WAIT_S = 20.0
 IM = ("flotilla.dev/v1alpha1", "inferencemodels")

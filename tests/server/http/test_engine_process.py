@@ -18,6 +18,8 @@ import pytest
 from tests.server.http.server_process import REPO, run_server
 from tests.support.ports import free_port
 
+pytestmark = pytest.mark.serial  # deadlines after killing a process
+
 
 def children(pid: int) -> list[int]:
     found = []

@@ -8,9 +8,12 @@ import statistics
 import time
 
 import httpx
+import pytest
 from flotilla_contract.load import LOAD_PATH, ServerLoad
 
 from tests.server.http.server_process import run_server
+
+pytestmark = pytest.mark.serial  # a latency bound on /flotilla/v1/load under load
 
 SLOTS, DEPTH_PER_SLOT, REQUESTS = 2, 4, 6
 

@@ -16,6 +16,8 @@ import pytest
 from tests.server.http import raw_http
 from tests.server.http.server_process import run_server
 
+pytestmark = pytest.mark.serial  # 429 and /healthz latency bounds
+
 SLOTS, DEPTH_PER_SLOT, QUEUE_TIMEOUT_S = 4, 8, 2
 NUM_REQUESTS, MAX_TOKENS = 200, 300
 

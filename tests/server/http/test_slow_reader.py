@@ -14,7 +14,7 @@ import pytest
 from tests.server.http import raw_http
 from tests.server.http.server_process import run_server
 
-pytestmark = pytest.mark.slow  # tens of seconds here; -m 'not slow' skips it
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # tens of seconds; an ITL bound
 
 FAST_CLIENTS, FAST_TOKENS, SLOW_TOKENS = 4, 400, 1900
 

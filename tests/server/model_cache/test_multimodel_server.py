@@ -24,6 +24,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.server.http.server_process import ServerProcess, run_server
 from tests.support.hf_models import make_hf_model_dir
 
+pytestmark = pytest.mark.serial  # step-rate ratios while a model loads
+
 KV_BYTES = 4 * 2**20
 # "big" takes long enough to load that a resident model's steps can be counted during its load
 BIG = {"hidden_size": 384, "intermediate_size": 1024, "num_hidden_layers": 6, "num_attention_heads": 6,
