@@ -7,6 +7,7 @@ module rewrites one into the other; nothing is edited by hand afterwards.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from flotilla_operator import types
@@ -71,19 +72,31 @@ def model_schema(model: type[types.ApiModel]) -> dict[str, Any]:
     return structural(raw, raw.get("$defs", {}))
 
 
-def open_api_schema() -> dict[str, Any]:
+@dataclass(frozen=True)
+class Kind:
+    """What differs between Flotilla's kinds; every other part of their definitions is the same."""
+
+    kind: str
+    plural: str
+    singular: str
+    short_names: tuple[str, ...]
+    description: str  # of the object
+    spec: type[types.ApiModel]
+    spec_description: str
+    status: type[types.ApiModel]
+    printer_columns: tuple[dict[str, str], ...]
+
+
+def open_api_schema(kind: Kind) -> dict[str, Any]:
     """The whole object's schema: spec (defaulted, validated) and status (written by the operator)."""
-    spec = {
-        "description": "spec is what the user wants: the model, its hardware, scaling and placement.",
-        **model_schema(types.InferenceModelSpec),
-    }
+    spec = {"description": kind.spec_description, **model_schema(kind.spec)}
     status = {
         "description": "status is what the operator observed; users never write it.",
-        **model_schema(types.InferenceModelStatus),
+        **model_schema(kind.status),
     }
     return {
         "type": "object",
-        "description": "InferenceModel is a fleet of flotilla-server replicas serving one model.",
+        "description": kind.description,
         "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string"},
@@ -95,37 +108,24 @@ def open_api_schema() -> dict[str, Any]:
     }
 
 
-PRINTER_COLUMNS = [
-    {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
-    {"name": "Policy", "type": "string", "jsonPath": ".spec.placement.policy"},
-    {"name": "Pool", "type": "string", "jsonPath": ".status.pool"},
-    {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas"},
-    {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
-    {"name": "Queue", "type": "integer", "jsonPath": ".status.autoscaler.queueDepth"},
-    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-    {"name": "Message", "type": "string", "jsonPath": ".status.message"},
-    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-]
-
-
-def build_crd() -> dict[str, Any]:
-    """The CustomResourceDefinition manifest."""
+def build_crd(kind: Kind) -> dict[str, Any]:
+    """The CustomResourceDefinition manifest of one kind, with the scale subresource."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": f"{types.PLURAL}.{types.GROUP}",
+            "name": f"{kind.plural}.{types.GROUP}",
             "labels": {"app.kubernetes.io/name": "flotilla", "app.kubernetes.io/part-of": "flotilla"},
         },
         "spec": {
             "group": types.GROUP,
             "scope": "Namespaced",
             "names": {
-                "kind": types.KIND,
-                "listKind": f"{types.KIND}List",
-                "plural": types.PLURAL,
-                "singular": types.SINGULAR,
-                "shortNames": list(types.SHORT_NAMES),
+                "kind": kind.kind,
+                "listKind": f"{kind.kind}List",
+                "plural": kind.plural,
+                "singular": kind.singular,
+                "shortNames": list(kind.short_names),
                 "categories": ["flotilla"],
             },
             "versions": [
@@ -133,7 +133,7 @@ def build_crd() -> dict[str, Any]:
                     "name": types.VERSION,
                     "served": True,
                     "storage": True,
-                    "schema": {"openAPIV3Schema": open_api_schema()},
+                    "schema": {"openAPIV3Schema": open_api_schema(kind)},
                     "subresources": {
                         "status": {},
                         "scale": {
@@ -142,8 +142,28 @@ def build_crd() -> dict[str, Any]:
                             "labelSelectorPath": ".status.selector",
                         },
                     },
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                    "additionalPrinterColumns": list(kind.printer_columns),
                 }
             ],
         },
     }
+
+
+INFERENCE_MODEL = Kind(
+    kind=types.KIND, plural=types.PLURAL, singular=types.SINGULAR, short_names=tuple(types.SHORT_NAMES),
+    description="InferenceModel is a fleet of flotilla-server replicas serving one model.",
+    spec=types.InferenceModelSpec,
+    spec_description="spec is what the user wants: the model, its hardware, scaling and placement.",
+    status=types.InferenceModelStatus,
+    printer_columns=(
+        {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
+        {"name": "Policy", "type": "string", "jsonPath": ".spec.placement.policy"},
+        {"name": "Pool", "type": "string", "jsonPath": ".status.pool"},
+        {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas"},
+        {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+        {"name": "Queue", "type": "integer", "jsonPath": ".status.autoscaler.queueDepth"},
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Message", "type": "string", "jsonPath": ".status.message"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ),
+)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flotilla_operator import pool_crd
+from flotilla_operator import crd, pool_crd
 from flotilla_operator.reference import field_table
 
 INTRO = """\
@@ -161,10 +161,10 @@ failures, 12 cold requests with TTFT p50 20.3 s and max 44.5 s, 4 evictions, and
 
 def render() -> str:
     """The whole docs/pools.md."""
-    schema = pool_crd.open_api_schema()["properties"]
+    schema = crd.open_api_schema(pool_crd.MODEL_POOL)["properties"]
     spec_rows, spec_rules = field_table(schema["spec"], "spec")
     status_rows, _ = field_table(schema["status"], "status")
-    columns = "\n".join(f"| {c['name']} | `{c['jsonPath']}` |" for c in pool_crd.PRINTER_COLUMNS)
+    columns = "\n".join(f"| {c['name']} | `{c['jsonPath']}` |" for c in pool_crd.MODEL_POOL.printer_columns)
     return "\n".join([
         INTRO + MEASURED.format(figures=FIGURES),
         "## Spec reference\n",

@@ -198,10 +198,10 @@ flotilla-operator render -f examples/llama-3.1-8b-latency-first.yaml --service-m
 
 def render(cli_help: str, render_help: str) -> str:
     """The whole docs/operator.md."""
-    schema = crd.open_api_schema()["properties"]
+    schema = crd.open_api_schema(crd.INFERENCE_MODEL)["properties"]
     spec_rows, spec_rules = field_table(schema["spec"], "spec")
     status_rows, _ = field_table(schema["status"], "status")
-    columns = "\n".join(f"| {c['name']} | `{c['jsonPath']}` |" for c in crd.PRINTER_COLUMNS)
+    columns = "\n".join(f"| {c['name']} | `{c['jsonPath']}` |" for c in crd.INFERENCE_MODEL.printer_columns)
     return "\n".join([
         INTRO,
         "## Spec reference\n",
