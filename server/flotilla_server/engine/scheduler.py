@@ -268,8 +268,9 @@ class Scheduler:
             if token is None:
                 continue
             forked = [(f, t) for f, t in zip(chunk.forks, fork_tokens, strict=True) if f.fork_of is seq]
-            for fork, _ in forked:  # before the leader may finish and free its blocks
-                self._fork(seq, fork)
+            at = self.running.index(seq) + 1
+            for j, (fork, _) in enumerate(forked):  # before the leader may finish and free its blocks
+                self._fork(seq, fork, at + j)
             for s, t in [(seq, token), *forked]:
                 s.output_token_ids.append(t)
                 changed.append(s)
@@ -278,15 +279,16 @@ class Scheduler:
                     self.finish(s, reason)
         return changed
 
-    def _fork(self, leader: Sequence, fork: Sequence) -> None:
-        """`fork` shares the leader's full prompt blocks and computes the rest itself, after its first token."""
+    def _fork(self, leader: Sequence, fork: Sequence, at: int) -> None:
+        """`fork` shares the leader's full prompt blocks and computes the rest itself, after its first token;
+        it runs right behind its leader, as if admitted with it (the same ticket, the same turn to be preempted)."""
         k = leader.num_prompt_tokens // self.pool.block_size  # computed: the leader's prompt is
         fork.block_table = self.pool.fork(leader.block_table[:k])
         fork.num_computed_tokens = k * self.pool.block_size
         leader.forks.remove(fork)
         fork.fork_of = None
         fork.status = SequenceStatus.RUNNING
-        self.running.append(fork)
+        self.running.insert(at, fork)
 
     # --- endings --------------------------------------------------------------------------------
 
