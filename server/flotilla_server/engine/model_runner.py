@@ -19,7 +19,7 @@ import torch
 from flotilla_server.engine.logprobs import token_logprobs
 from flotilla_server.engine.outputs import TokenLogprobs
 from flotilla_server.engine.sampling import make_generator, sample
-from flotilla_server.engine.scheduler import StepPlan
+from flotilla_server.engine.step_plan import StepPlan
 from flotilla_server.model import AttentionBatch, DecoderModel, KVCacheTensors
 
 

@@ -26,48 +26,15 @@ from __future__ import annotations
 import itertools
 from collections import Counter, deque
 from collections.abc import Collection
-from dataclasses import dataclass, field
 
 from flotilla_server.engine.block_hash import extend_hashes
 from flotilla_server.engine.feasibility import infeasible_reason  # noqa: F401 (the scheduler's rule, re-exported)
 from flotilla_server.engine.kv_pool import BlockPool
 from flotilla_server.engine.sequence import Sequence, SequenceStatus
+from flotilla_server.engine.step_plan import ScheduledChunk, StepPlan
 from flotilla_server.engine.stopping import token_finish_reason
 
 DEFERRAL_REASONS = ("no_slot", "no_blocks")
-
-
-@dataclass(frozen=True)
-class ScheduledChunk:
-    seq: Sequence
-    start: int  # first position fed this step (the sequence's computed tokens before the step)
-    num_tokens: int  # query length this step
-    sample: bool  # the chunk reaches the sequence's last token, so a new token is sampled
-    forks: tuple[Sequence, ...] = ()  # with sample: choices that take a token of their own from this row
-
-    @property
-    def context_len(self) -> int:  # KV positions after this step's writes
-        return self.start + self.num_tokens
-
-
-@dataclass
-class StepPlan:
-    chunks: list[ScheduledChunk] = field(default_factory=list)  # prefill chunks first, then decodes
-    preempted: list[Sequence] = field(default_factory=list)
-    num_prefill_tokens: int = 0
-    num_decode_seqs: int = 0
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_seqs
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.chunks
-
-    def sampled_seqs(self) -> list[Sequence]:
-        """One per sampled row, in the order of the sampled tokens: each sampling chunk's sequence, then its forks."""
-        return [s for c in self.chunks if c.sample for s in (c.seq, *c.forks)]
 
 
 class Scheduler:
