@@ -54,14 +54,11 @@ class RequestStream:
         self._events: deque[TokenEvent] = deque()
         self._ready = asyncio.Event()
         self._output_tokens: dict[int, int] = {}  # per choice, so far
+        self.num_output_tokens = 0  # of every choice, so far (read by the engine client's thread too)
         self._finished = 0  # choices whose last event is in the buffer
         self._closed = False  # the final event is in the buffer; later pushes are dropped
         self._final: TokenEvent | None = None
         self._done = False  # the consumer has taken the final event
-
-    @property
-    def num_output_tokens(self) -> int:
-        return sum(self._output_tokens.values())
 
     @property
     def finished(self) -> bool:
@@ -79,7 +76,10 @@ class RequestStream:
             self._engine.abort(self.request_id, "slow_client")
             return
         if event.finish_reason != "abort":
-            self._output_tokens[event.index] = max(self._output_tokens.get(event.index, 0), event.num_output_tokens)
+            before = self._output_tokens.get(event.index, 0)
+            if event.num_output_tokens > before:
+                self._output_tokens[event.index] = event.num_output_tokens
+                self.num_output_tokens += event.num_output_tokens - before
             self._finished += event.finish_reason is not None
         self._events.append(event)
         self._closed = event.finish_reason == "abort" or self._finished == self.num_choices

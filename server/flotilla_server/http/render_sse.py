@@ -69,11 +69,12 @@ async def sse_body(state: ServerState, job: Job, stream: RequestStream, outcome:
             choices.on_event(event)
             logprobs = choices.chunk_logprobs(event)
             if event.finish_reason is not None:
+                if choices.done:  # the request's last event
+                    outcome.engine_done = True
+                    timing.done()
                 yield chunk(event.index, event.text, event.finish_reason, logprobs)
                 if not choices.done:
                     continue
-                outcome.engine_done = True
-                timing.done()
                 if iu:
                     yield sse.sse_event(sse.usage_chunk(rid, created, model, job.chat, choices.usage()))
                 yield sse.DONE
