@@ -235,7 +235,7 @@ class Scheduler:
             if token is None:
                 continue
             forked = [(f, t) for f, t in zip(chunk.forks, fork_tokens, strict=True) if f.fork_of is seq]
-            at = self.running.index(seq) + 1
+            at = self.running.index(seq) + 1 if forked else 0
             for j, (fork, _) in enumerate(forked):  # before the leader may finish and free its blocks
                 self._fork(seq, fork, at + j)
             for s, t in [(seq, token), *forked]:
@@ -249,7 +249,7 @@ class Scheduler:
     def _fork(self, leader: Sequence, fork: Sequence, at: int) -> None:
         """`fork` shares the leader's full prompt blocks and computes the rest itself, after its first token;
         it runs right behind its leader, as if admitted with it (the same ticket, the same turn to be preempted)."""
-        k = leader.num_prompt_tokens // self.pool.block_size  # computed: the leader's prompt is
+        k = leader.num_prompt_tokens // self.pool.block_size  # the prompt's full blocks, all computed by now
         fork.block_table = self.pool.fork(leader.block_table[:k])
         fork.num_computed_tokens = k * self.pool.block_size
         leader.forks.remove(fork)

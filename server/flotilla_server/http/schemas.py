@@ -91,7 +91,7 @@ class CompletionRequest(_SamplingFields):
                           "= prompt number x n + j.")
     echo: bool = Field(default=False, description="Start each choice's text with its prompt.")
     logprobs: Annotated[int, Field(ge=0)] | None = Field(
-        default=None, description="Each token's raw logprob and the logprobs likeliest tokens' (at most 20)."
+        default=None, description="Return each token's raw logprob and those of the `logprobs` likeliest tokens (0-20)."
     )
 
     @model_validator(mode="before")
@@ -123,7 +123,7 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool | None = Field(default=None, description="Return each output token's raw logprob.")
     top_logprobs: Annotated[int, Field(ge=0)] | None = Field(
-        default=None, description="With logprobs: also the top_logprobs likeliest tokens at each position (at most 20)."
+        default=None, description="With logprobs: also the top_logprobs likeliest tokens at each position (0-20)."
     )
 
     @model_validator(mode="before")
