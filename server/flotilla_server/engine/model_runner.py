@@ -1,11 +1,12 @@
 """The model runner (mechanism): a StepPlan becomes tensors, one forward pass, sampled tokens.
 
-It owns the model, the KV tensors and the per-request sampling generators; it makes no decision.
+It owns the model, the KV tensors and the per-sequence sampling generators; it makes no decision.
 A seeded sequence's generator lives from its first sample to `release` (finish or abort, both applied
 between steps), so none outlives its request; choice `index` of a request seeded s draws from seed s + index,
-as vLLM seeds its choices, so the choices differ and each is reproducible.
-A leader's sampling row is sampled once more for each choice forking from it (scheduler.py, "n"). Unseeded requests share one generator seeded at random per
-process unless a seed is given: fresh replicas do not emit the same "random" text.
+as vLLM seeds its choices, so the choices differ and each is reproducible. Unseeded requests share one
+generator seeded at random per process unless a seed is given: fresh replicas do not emit the same "random"
+text. A leader's sampling row is sampled once more for each choice forking from it (scheduler.py, "n"), and
+the rows that ask get their raw logprobs (logprobs.py).
 """
 
 from __future__ import annotations
