@@ -90,6 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--device", default="cpu")
     a("--seed", type=int, default=0)
     a("--json", type=Path, default=None, help="Write the figures here as JSON.")
+    a("--plot", type=Path, default=None, help="Draw the figures here as PNG: off against on, runs and medians.")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -120,4 +121,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
+    if args.plot:
+        from flotilla_server.bench.prefix_plot import plot_prefix
+
+        plot_prefix(report, args.plot)
     return 0

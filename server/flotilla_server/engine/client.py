@@ -104,18 +104,22 @@ class EngineClient:
 
     # --- requests -------------------------------------------------------------------------------
 
-    def check_feasible(self, num_prompt_tokens: int, max_tokens: int) -> str | None:
+    def check_feasible(self, num_prompt_tokens: int, max_tokens: int, n: int = 1) -> str | None:
         info = self._info()
         return infeasible_reason(num_prompt_tokens, max_tokens, info.max_model_len, info.num_kv_blocks,
-                                 info.block_size)
+                                 info.block_size, n, info.num_slots)
 
     def submit(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
-               loop: asyncio.AbstractEventLoop) -> RequestStream:
-        """Queue a request in the engine. Raises ValueError if it could never fit or its id is in use."""
-        why = self.check_feasible(len(prompt_token_ids), params.max_tokens)
-        if why is not None:
-            raise ValueError(why)
-        stream = RequestStream(self, request_id, len(prompt_token_ids), self.stream_buffer_events, loop)
+               loop: asyncio.AbstractEventLoop, extra_prompts: Sequence[Sequence[int]] = ()) -> RequestStream:
+        """Queue a request in the engine: n choices of each prompt (`prompt_token_ids`, then `extra_prompts`).
+        Raises ValueError if it could never fit or its id is in use."""
+        prompts = [list(prompt_token_ids), *(list(p) for p in extra_prompts)]
+        for prompt in prompts:
+            why = self.check_feasible(len(prompt), params.max_tokens, params.n)
+            if why is not None:
+                raise ValueError(why)
+        stream = RequestStream(self, request_id, sum(map(len, prompts)), self.stream_buffer_events, loop,
+                               num_choices=len(prompts) * params.n)
         with self._lock:
             if request_id in self._streams:
                 raise ValueError(f"request id {request_id!r} is already in use")
@@ -123,7 +127,7 @@ class EngineClient:
         if not self._alive:
             self._end(request_id, "engine_error")
             return stream
-        self._backend.send(AddRequest(request_id, list(prompt_token_ids), params))
+        self._backend.send(AddRequest(request_id, prompts[0], params, prompts[1:]))
         return stream
 
     def abort(self, request_id: str, reason: str) -> None:
@@ -186,10 +190,15 @@ class EngineClient:
             deliver(stream, "_admit")
         for out in update.outputs:
             with self._lock:
-                stream = self._streams.pop(out.request_id, None) if out.finished else self._streams.get(out.request_id)
+                stream = self._streams.get(out.request_id)
+                if stream is not None and out.finished:
+                    stream.open_choices -= 1  # only this thread counts them
+                    if stream.open_choices == 0:
+                        del self._streams[out.request_id]
             if stream is None:
                 continue  # aborted meanwhile
-            event = TokenEvent(out.token_ids, out.text, out.finish_reason, out.num_prompt_tokens, out.num_output_tokens)
+            event = TokenEvent(out.token_ids, out.text, out.finish_reason, out.num_prompt_tokens,
+                               out.num_output_tokens, index=out.index, logprobs=out.logprobs)
             if not deliver(stream, "_push", event):
                 self.abort(out.request_id, "client_gone")
         if update.record is not None:

@@ -20,11 +20,12 @@ from flotilla_server.engine.detokenizer import IncrementalDetokenizer
 from flotilla_server.engine.kv_pool import BlockPool
 from flotilla_server.engine.memory_facts import host_capacity_bytes, profile_step_bytes, weights_bytes
 from flotilla_server.engine.model_runner import ModelRunner
-from flotilla_server.engine.outputs import EngineStats, RequestOutput, StepListener, StepRecord
+from flotilla_server.engine.outputs import EngineStats, RequestOutput, StepListener, StepRecord, TokenLogprobs
 from flotilla_server.engine.pool_sizing import MemoryFacts, plan_pool
 from flotilla_server.engine.sampling_params import SamplingParams
 from flotilla_server.engine.scheduler import Scheduler, infeasible_reason
 from flotilla_server.engine.sequence import Sequence as Seq
+from flotilla_server.engine.sequence import new_request
 from flotilla_server.model import KVCacheTensors, LoadedModel, load_model
 from flotilla_server.model.loader import torch_dtype
 
@@ -70,7 +71,7 @@ class EngineCore:
             self.pool, config.max_num_seqs, config.max_num_batched_tokens, config.prefill_chunk, self.eos_token_ids
         )
         self.runner = ModelRunner(self.loaded.model, kv, config.device, config.seed)
-        self._detokenizers: dict[str, IncrementalDetokenizer] = {}
+        self._detokenizers: dict[str, dict[int, IncrementalDetokenizer]] = {}  # request id -> choice -> its own
         self._listeners: list[StepListener] = []
         self._last_step_s = 0.0
         self.last_record: StepRecord | None = None
@@ -88,43 +89,56 @@ class EngineCore:
 
     # --- requests -------------------------------------------------------------------------------
 
-    def check_feasible(self, num_prompt_tokens: int, max_tokens: int) -> str | None:
+    def check_feasible(self, num_prompt_tokens: int, max_tokens: int, n: int = 1) -> str | None:
         return infeasible_reason(
-            num_prompt_tokens, max_tokens, self.max_model_len, self.pool.num_blocks, self.pool.block_size
+            num_prompt_tokens, max_tokens, self.max_model_len, self.pool.num_blocks, self.pool.block_size,
+            n, self.scheduler.max_num_seqs,
         )
 
-    def _new_sequence(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> Seq:
-        reason = self.check_feasible(len(prompt_token_ids), params.max_tokens)
-        if reason is not None:
-            raise ValueError(reason)
-        return Seq(request_id, list(prompt_token_ids), params, ticket=-1)
+    def _new_request(self, request_id: str, prompts: list[list[int]], params: SamplingParams) -> list[Seq]:
+        for prompt in prompts:
+            reason = self.check_feasible(len(prompt), params.max_tokens, params.n)
+            if reason is not None:
+                raise ValueError(reason)
+        return new_request(request_id, prompts, params)
 
-    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> None:
-        """Queue a request; it is admitted when it fits. Raises ValueError if it never can."""
-        seq = self._new_sequence(request_id, prompt_token_ids, params)
-        self.scheduler.add(seq)
-        self._detokenizers[request_id] = self._detokenizer(seq)
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
+                    extra_prompts: Sequence[Sequence[int]] = ()) -> None:
+        """Queue a request (n choices of each prompt); it is admitted when it fits. Raises ValueError if it
+        never can."""
+        leaders = self._new_request(request_id, [list(prompt_token_ids), *map(list, extra_prompts)], params)
+        self.scheduler.add(leaders[0], leaders[1:])
+        self._track(leaders)
 
-    def try_admit(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams) -> str | None:
-        """Admit now if a slot and blocks (prompt plus reserve) are free; else why not ("no_slot", "no_blocks")."""
-        seq = self._new_sequence(request_id, prompt_token_ids, params)
-        reason = self.scheduler.try_admit(seq)
+    def try_admit(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
+                  extra_prompts: Sequence[Sequence[int]] = ()) -> str | None:
+        """Admit now if slots and blocks (prompt plus reserve) are free for the first prompt's n choices (the
+        other prompts queue inside the engine); else why not ("no_slot", "no_blocks")."""
+        leaders = self._new_request(request_id, [list(prompt_token_ids), *map(list, extra_prompts)], params)
+        reason = self.scheduler.try_admit(leaders[0], leaders[1:])
         if reason is None:
-            self._detokenizers[request_id] = self._detokenizer(seq)
+            self._track(leaders)
         return reason
 
-    def _detokenizer(self, seq: Seq) -> IncrementalDetokenizer:
-        return IncrementalDetokenizer(self.loaded.tokenizer, seq.prompt_token_ids, seq.params.stop)
+    def _track(self, leaders: list[Seq]) -> None:
+        self._detokenizers[leaders[0].request_id] = {
+            s.index: IncrementalDetokenizer(self.loaded.tokenizer, s.prompt_token_ids, s.params.stop)
+            for leader in leaders for s in (leader, *leader.forks)
+        }
 
     def abort(self, request_id: str) -> bool:
-        """Cancel a request and free its blocks now; False if it is unknown or already finished."""
+        """Cancel a request (every choice) and free its blocks now; False if it is unknown or already finished."""
         seq = self.scheduler.abort(request_id)
-        self._forget(request_id)
+        for index in self._detokenizers.pop(request_id, {}):
+            self.runner.release((request_id, index))
         return seq is not None
 
-    def _forget(self, request_id: str) -> None:
-        self._detokenizers.pop(request_id, None)
-        self.runner.release(request_id)
+    def _forget(self, seq: Seq) -> None:
+        choices = self._detokenizers.get(seq.request_id, {})
+        choices.pop(seq.index, None)
+        if not choices:
+            self._detokenizers.pop(seq.request_id, None)
+        self.runner.release(seq.key)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -140,8 +154,9 @@ class EngineCore:
         if after_schedule is not None:
             after_schedule()
         result = self.runner.execute(plan)
+        logprobs = dict(zip(plan.sampled_seqs(), result.logprobs, strict=True))
         changed = self.scheduler.update(plan, result.sampled_token_ids)
-        outputs = [self._output(seq) for seq in changed]
+        outputs = [self._output(seq, logprobs[seq]) for seq in changed]
         held, allocated = self.scheduler.kv_positions()
         record = StepRecord(
             duration_s=time.perf_counter() - start,
@@ -150,7 +165,7 @@ class EngineCore:
             num_prefill_tokens=plan.num_prefill_tokens,
             num_decode_seqs=plan.num_decode_seqs,
             num_prefill_seqs=len(plan.chunks) - plan.num_decode_seqs,
-            num_running=len(self.scheduler.running),
+            num_running=self.scheduler.num_slots_used,
             num_waiting=len(self.scheduler.waiting),
             num_preempted=len(plan.preempted),
             kv_blocks_used=self.pool.num_used_blocks,
@@ -164,9 +179,9 @@ class EngineCore:
             listener(record)
         return outputs
 
-    def _output(self, seq: Seq) -> RequestOutput:
+    def _output(self, seq: Seq, logprobs: TokenLogprobs | None) -> RequestOutput:
         token = seq.output_token_ids[-1]
-        detok = self._detokenizers[seq.request_id]
+        detok = self._detokenizers[seq.request_id][seq.index]
         text = ""
         if not (seq.is_finished and seq.finish_reason == "stop"):  # an EOS token has no text
             text = detok.add([token])
@@ -176,10 +191,10 @@ class EngineCore:
                 seq.finish_reason = "stop"  # the stop string came with the last allowed token
         if seq.is_finished:
             text += detok.flush()
-            self._forget(seq.request_id)
+            self._forget(seq)
         return RequestOutput(
             seq.request_id, [token], text, seq.is_finished, seq.finish_reason,
-            seq.num_prompt_tokens, seq.num_output_tokens,
+            seq.num_prompt_tokens, seq.num_output_tokens, seq.index, None if logprobs is None else [logprobs],
         )
 
     # --- observation ----------------------------------------------------------------------------
@@ -190,7 +205,7 @@ class EngineCore:
     def stats(self) -> EngineStats:
         return EngineStats(
             num_waiting=len(self.scheduler.waiting),
-            num_running=len(self.scheduler.running),
+            num_running=self.scheduler.num_slots_used,
             num_slots=self.scheduler.max_num_seqs,
             kv_blocks_used=self.pool.num_used_blocks,
             kv_blocks_total=self.pool.num_blocks,

@@ -12,9 +12,15 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 def infeasible_reason(
-    num_prompt_tokens: int, max_tokens: int, max_model_len: int, num_blocks: int, block_size: int
+    num_prompt_tokens: int, max_tokens: int, max_model_len: int, num_blocks: int, block_size: int,
+    n: int = 1, num_slots: int | None = None,
 ) -> str | None:
-    """Why a request could never run on this engine, phrased as what to change; None if it can."""
+    """Why a request could never run on this engine, phrased as what to change; None if it can.
+
+    `n` choices of one prompt are admitted together, so they must fit the engine's `num_slots`."""
+    if num_slots is not None and n > num_slots:
+        return (f"n ({n}) asks for more choices of one prompt than this server runs at once ({num_slots} "
+                "sequences); lower n")
     if num_prompt_tokens < 1:
         return "the prompt is empty; send at least one token"
     total = num_prompt_tokens + max_tokens

@@ -82,7 +82,8 @@ class EngineLoop:
         self._dirty = True
         if isinstance(message, AddRequest):
             rid = message.request_id
-            why = self.core.check_feasible(len(message.prompt_token_ids), message.params.max_tokens)
+            why = next((w for p in message.prompts
+                        if (w := self.core.check_feasible(len(p), message.params.max_tokens, message.params.n))), None)
             if why is None and rid in self._waiting:
                 why = f"request id {rid!r} is already in use"
             if why is not None:
@@ -101,7 +102,7 @@ class EngineLoop:
     def _try_admit(self, waiter: _Waiter) -> bool:
         r = waiter.request
         try:
-            admitted = self.core.try_admit(r.request_id, r.prompt_token_ids, r.params) is None
+            admitted = self.core.try_admit(r.request_id, r.prompt_token_ids, r.params, r.extra_prompts) is None
         except ValueError as e:  # an id still in use by a running request
             self._refused.append((r.request_id, str(e)))
             admitted = True  # leaves the queue

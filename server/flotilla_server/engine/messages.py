@@ -29,6 +29,11 @@ class AddRequest:
     request_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
+    extra_prompts: list[list[int]] = field(default_factory=list)  # prompts 2.. of a list of prompts
+
+    @property
+    def prompts(self) -> list[list[int]]:
+        return [self.prompt_token_ids, *self.extra_prompts]
 
 
 @dataclass(frozen=True)

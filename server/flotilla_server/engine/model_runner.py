@@ -1,9 +1,12 @@
 """The model runner (mechanism): a StepPlan becomes tensors, one forward pass, sampled tokens.
 
-It owns the model, the KV tensors and the per-request sampling generators; it makes no decision.
-A seeded request's generator lives from its first sample to `release` (finish or abort, both applied
-between steps), so none outlives its request. Unseeded requests share one generator seeded at random per
-process unless a seed is given: fresh replicas do not emit the same "random" text.
+It owns the model, the KV tensors and the per-sequence sampling generators; it makes no decision.
+A seeded sequence's generator lives from its first sample to `release` (finish or abort, both applied
+between steps), so none outlives its request; choice `index` of a request seeded s draws from seed s + index,
+as vLLM seeds its choices, so the choices differ and each is reproducible. Unseeded requests share one
+generator seeded at random per process unless a seed is given: fresh replicas do not emit the same "random"
+text. A leader's sampling row is sampled once more for each choice forking from it (scheduler.py, "n"), and
+the rows that ask get their raw logprobs (logprobs.py).
 """
 
 from __future__ import annotations
@@ -14,15 +17,18 @@ from dataclasses import dataclass
 
 import torch
 
+from flotilla_server.engine.logprobs import token_logprobs
+from flotilla_server.engine.outputs import TokenLogprobs
 from flotilla_server.engine.sampling import make_generator, sample
-from flotilla_server.engine.scheduler import StepPlan
+from flotilla_server.engine.step_plan import StepPlan
 from flotilla_server.model import AttentionBatch, DecoderModel, KVCacheTensors
 
 
 @dataclass(frozen=True)
 class StepResult:
-    sampled_token_ids: list[int]  # one per chunk with `sample`, in plan order
+    sampled_token_ids: list[int]  # one per row of `plan.sampled_seqs()`
     forward_s: float
+    logprobs: list[TokenLogprobs | None]  # one per sampled token; None where its request did not ask
 
 
 class ModelRunner:
@@ -32,22 +38,22 @@ class ModelRunner:
         self.kv = kv
         self.device = torch.device(device)
         self._default_generator = make_generator(secrets.randbits(63) if seed is None else seed, self.device)
-        self._generators: dict[str, torch.Generator] = {}  # seeded requests only
+        self._generators: dict[tuple[str, int], torch.Generator] = {}  # seeded sequences only, by Sequence.key
 
-    def release(self, request_id: str) -> None:
-        self._generators.pop(request_id, None)
+    def release(self, key: tuple[str, int]) -> None:
+        self._generators.pop(key, None)
 
     @property
     def num_generators(self) -> int:
         """Seeded requests holding a generator (tests: none outlives its request)."""
         return len(self._generators)
 
-    def _generator(self, request_id: str, seed: int | None) -> torch.Generator | None:
+    def _generator(self, key: tuple[str, int], seed: int | None) -> torch.Generator | None:
         if seed is None:
             return None
-        g = self._generators.get(request_id)
+        g = self._generators.get(key)
         if g is None:
-            g = self._generators[request_id] = make_generator(seed, self.device)
+            g = self._generators[key] = make_generator((seed + key[1]) % 2**63, self.device)
         return g
 
     @torch.inference_mode()
@@ -57,7 +63,7 @@ class ModelRunner:
         query_lens: list[int] = []
         context_lens: list[int] = []
         tables: list[list[int]] = []
-        sample_rows: list[int] = []
+        sample_rows: list[int] = []  # per row of plan.sampled_seqs(): its position in the batch
         for c in plan.chunks:
             seq = c.seq
             end = c.context_len
@@ -71,7 +77,7 @@ class ModelRunner:
             context_lens.append(end)
             tables.append(seq.block_table)
             if c.sample:
-                sample_rows.append(len(input_ids) - 1)
+                sample_rows += [len(input_ids) - 1] * (1 + len(c.forks))
         batch = AttentionBatch.build(query_lens, context_lens, tables, self.kv.block_size, self.device)
         ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
         pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
@@ -84,13 +90,13 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
         forward_s = time.perf_counter() - start
         if logits is None:
-            return StepResult([], forward_s)
+            return StepResult([], forward_s, [])
 
-        sampled_chunks = [c for c in plan.chunks if c.sample]
-        params = [c.seq.params for c in sampled_chunks]
-        generators = [self._generator(c.seq.request_id, c.seq.params.seed) for c in sampled_chunks]
+        seqs = plan.sampled_seqs()
+        params = [s.params for s in seqs]
+        generators = [self._generator(s.key, s.params.seed) for s in seqs]
         histories = None
         if any(p.has_penalties for p in params):
-            histories = [(c.seq.prompt_token_ids, c.seq.output_token_ids) for c in sampled_chunks]
+            histories = [(s.prompt_token_ids, s.output_token_ids) for s in seqs]
         tokens = sample(logits, params, generators, self._default_generator, histories)
-        return StepResult(tokens, forward_s)
+        return StepResult(tokens, forward_s, token_logprobs(logits, tokens, [p.logprobs for p in params]))

@@ -10,16 +10,27 @@ from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
+class TokenLogprobs:
+    """A sampled token's raw log-probability (log_softmax of the model's logits, before penalties,
+    temperature, top-k/p and min-p, as vLLM returns by default) and the `logprobs` likeliest tokens."""
+
+    logprob: float
+    top: list[tuple[int, float]]  # (token id, logprob), likeliest first
+
+
+@dataclass(frozen=True)
 class RequestOutput:
-    """One step's news for one request: the new tokens and the text now safe to show."""
+    """One step's news for one choice of a request: the new tokens and the text now safe to show."""
 
     request_id: str
     token_ids: list[int]  # new this step
     text: str  # new this step; never half a character, never part of a stop string
-    finished: bool
+    finished: bool  # this choice is done
     finish_reason: str | None  # "stop", "length", "abort"
     num_prompt_tokens: int
     num_output_tokens: int  # so far, including this step's
+    index: int = 0  # the choice: prompt number x n + j
+    logprobs: list[TokenLogprobs] | None = None  # one per token of token_ids, when the request asked
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default when a request names none
+MAX_LOGPROBS = 20  # most alternatives per token (OpenAI's top_logprobs bound; vLLM's default max_logprobs)
+MAX_N = 128  # most choices per prompt (OpenAI's bound on n)
 # Below this temperature sampling is greedy: dividing logits by a tinier one overflows to inf and NaN.
 GREEDY_BELOW_TEMPERATURE = 1e-5
 
@@ -26,6 +28,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # vLLM's, > 0; 1 changes nothing
     min_p: float = 0.0  # vLLM's: drop tokens less likely than min_p x the likeliest, in [0, 1]
     cache_salt: str | None = None  # prefix-cache tenant: requests with different salts never share KV blocks
+    n: int = 1  # choices per prompt: forks of one prefill that share the prompt's blocks
+    logprobs: int | None = None  # None: none; k: each sampled token's raw logprob and the k likeliest (0..20)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -47,6 +51,10 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be in (0, 100] (1 disables it), got {self.repetition_penalty}")
         if not 0.0 <= self.min_p <= 1.0:
             raise ValueError(f"min_p must be in [0, 1] (0 disables it), got {self.min_p}")
+        if not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be in [1, {MAX_N}], got {self.n}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
 

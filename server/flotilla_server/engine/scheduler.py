@@ -12,6 +12,10 @@ it out and hands the sampled tokens back to `update`. Rules (docs/architecture.m
   (always leaving its last token to compute, which yields the logits to sample) and prefills only the
   rest; each block it fills completely is registered in the cache. Queries and hits are counted in
   tokens, as vLLM does.
+- n: the choices of one prompt are admitted together and hold n slots. Only the first (the leader)
+  prefills; its first sampled row is sampled once per choice, and each other choice then forks from it:
+  it shares the leader's full prompt blocks (ref_count + 1) and computes only the prompt's partial last
+  block and its own first token. A request's other prompts wait in the queue behind its first.
 - Blocks are taken on demand. When the pool is dry, the most recently admitted sequence is
   preempted by recompute and goes back to the head of the queue with its ticket. Sequences are
   served oldest first, so the oldest always progresses: no deadlock.
@@ -22,43 +26,15 @@ from __future__ import annotations
 import itertools
 from collections import Counter, deque
 from collections.abc import Collection
-from dataclasses import dataclass, field
 
 from flotilla_server.engine.block_hash import extend_hashes
 from flotilla_server.engine.feasibility import infeasible_reason  # noqa: F401 (the scheduler's rule, re-exported)
 from flotilla_server.engine.kv_pool import BlockPool
 from flotilla_server.engine.sequence import Sequence, SequenceStatus
+from flotilla_server.engine.step_plan import ScheduledChunk, StepPlan
 from flotilla_server.engine.stopping import token_finish_reason
 
 DEFERRAL_REASONS = ("no_slot", "no_blocks")
-
-
-@dataclass(frozen=True)
-class ScheduledChunk:
-    seq: Sequence
-    start: int  # first position fed this step (the sequence's computed tokens before the step)
-    num_tokens: int  # query length this step
-    sample: bool  # the chunk reaches the sequence's last token, so a new token is sampled
-
-    @property
-    def context_len(self) -> int:  # KV positions after this step's writes
-        return self.start + self.num_tokens
-
-
-@dataclass
-class StepPlan:
-    chunks: list[ScheduledChunk] = field(default_factory=list)  # prefill chunks first, then decodes
-    preempted: list[Sequence] = field(default_factory=list)
-    num_prefill_tokens: int = 0
-    num_decode_seqs: int = 0
-
-    @property
-    def num_tokens(self) -> int:
-        return self.num_prefill_tokens + self.num_decode_seqs
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.chunks
 
 
 class Scheduler:
@@ -87,31 +63,40 @@ class Scheduler:
         self.prefix_cache_hits = 0  # of those, tokens found in the cache
         self.deferrals: Counter[str] = Counter({r: 0 for r in DEFERRAL_REASONS})
         self._tickets = itertools.count()
-        self._by_id: dict[str, Sequence] = {}
+        self._by_id: dict[str, list[Sequence]] = {}  # a request's unfinished sequences, forks included
 
     # --- arrivals -------------------------------------------------------------------------------
 
-    def add(self, seq: Sequence) -> None:
-        """Queue a new request; `schedule` admits it when it fits."""
-        self._register(seq)
-        self.waiting.append(seq)
+    def add(self, seq: Sequence, rest: Collection[Sequence] = ()) -> None:
+        """Queue a new request (its first prompt's leader, and those of its other prompts); `schedule`
+        admits each when it fits."""
+        self._register([seq, *rest])
+        self.waiting.extend([seq, *rest])
 
-    def admission_block(self, num_tokens: int, num_shared_blocks: int = 0) -> str | None:
-        """Why a sequence of `num_tokens` cannot be admitted now ("no_slot", "no_blocks"), or None.
+    @property
+    def num_slots_used(self) -> int:
+        """Running sequences and the choices waiting to fork from them."""
+        return sum(s.num_seqs for s in self.running)
+
+    def admission_block(self, num_tokens: int, num_shared_blocks: int = 0, num_seqs: int = 1) -> str | None:
+        """Why a sequence of `num_tokens` with `num_seqs` - 1 forks cannot be admitted now ("no_slot",
+        "no_blocks"), or None.
 
         `num_shared_blocks`: cached blocks of its prefix that other sequences hold (they cost no free block).
         """
-        if len(self.running) >= self.max_num_seqs:
+        if self.num_slots_used + num_seqs > self.max_num_seqs:
             return "no_slot"
         reserve = self.reserve_blocks if self.running else 0  # alone, a sequence needs no reserve
         available = self.pool.num_free_blocks - self._promised_blocks()
-        if self.pool.blocks_for(num_tokens) - num_shared_blocks + reserve > available:
+        # each fork takes one block of its own at once: the prompt's partial last block, or its first token's
+        needed = self.pool.blocks_for(num_tokens) - num_shared_blocks + (num_seqs - 1)
+        if needed + reserve > available:
             return "no_blocks"
         return None
 
     def _admission_block_for(self, seq: Sequence) -> str | None:
         hit = self._cache_hit(seq)
-        return self.admission_block(seq.num_tokens, len(hit) - self.pool.num_free_in(hit))
+        return self.admission_block(seq.num_tokens, len(hit) - self.pool.num_free_in(hit), seq.num_seqs)
 
     def _cache_hit(self, seq: Sequence) -> list[int]:
         """The cached blocks `seq` would start from: full blocks only, and never its last token."""
@@ -123,25 +108,33 @@ class Scheduler:
             extend_hashes(seq.block_hashes, seq.token_slice(0, limit * bs), bs, seq.params.cache_salt)
         return self.pool.match_prefix(seq.block_hashes[:limit])
 
-    def try_admit(self, seq: Sequence) -> str | None:
-        """Admit a new request at once if it fits (the HTTP path); else count and return why not."""
+    def try_admit(self, seq: Sequence, rest: Collection[Sequence] = ()) -> str | None:
+        """Admit a new request at once if its first leader fits (the HTTP path), queueing the leaders of its
+        other prompts (`rest`); else count and return why not."""
         if self.waiting:  # preempted sequences go first; arrivals never overtake them
-            reason = "no_slot" if len(self.running) >= self.max_num_seqs else "no_blocks"
+            reason = "no_slot" if self.num_slots_used + seq.num_seqs > self.max_num_seqs else "no_blocks"
         else:
             reason = self._admission_block_for(seq)
         if reason is not None:
             self.deferrals[reason] += 1
             return reason
-        self._register(seq)
+        self._register([seq, *rest])
         self._start(seq)
+        self.waiting.extend(rest)
         return None
 
-    def _register(self, seq: Sequence) -> None:
-        if seq.request_id in self._by_id:
-            raise ValueError(f"request id {seq.request_id!r} is already in use")
-        seq.ticket = next(self._tickets)
-        seq.status = SequenceStatus.WAITING
-        self._by_id[seq.request_id] = seq
+    def _register(self, leaders: list[Sequence]) -> None:
+        rid = leaders[0].request_id
+        if rid in self._by_id:
+            raise ValueError(f"request id {rid!r} is already in use")
+        group: list[Sequence] = []
+        for leader in leaders:
+            leader.ticket = next(self._tickets)
+            leader.status = SequenceStatus.WAITING
+            for fork in leader.forks:
+                fork.fork_of, fork.ticket, fork.status = leader, leader.ticket, SequenceStatus.WAITING
+            group += [leader, *leader.forks]
+        self._by_id[rid] = group
 
     def _start(self, seq: Sequence) -> None:
         if self.pool.enable_caching:
@@ -165,9 +158,10 @@ class Scheduler:
             self.pool.register(seq.block_table[i], seq.block_hashes[i])
 
     def _promised_blocks(self) -> int:
-        # prompt blocks of admitted sequences that prefill has not yet taken
+        # prompt blocks of admitted sequences that prefill has not yet taken, and one per fork to come
         return sum(
-            max(0, self.pool.blocks_for(s.num_tokens) - len(s.block_table)) for s in self.running if s.is_prefill
+            max(0, self.pool.blocks_for(s.num_tokens) - len(s.block_table)) + len(s.forks)
+            for s in self.running if s.is_prefill
         )
 
     # --- a step ---------------------------------------------------------------------------------
@@ -197,7 +191,8 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 break  # it was the last running sequence
             self.pool.grow(seq, target)
-            chunk = ScheduledChunk(seq, seq.num_computed_tokens, n, sample=target == seq.num_tokens)
+            sample = target == seq.num_tokens
+            chunk = ScheduledChunk(seq, seq.num_computed_tokens, n, sample, tuple(seq.forks) if sample else ())
             if prefill:
                 plan.chunks.append(chunk)
                 plan.num_prefill_tokens += n
@@ -224,13 +219,14 @@ class Scheduler:
     def update(self, plan: StepPlan, sampled_token_ids: list[int]) -> list[Sequence]:
         """Apply a step's results; returns the sequences that got a new token, in plan order.
 
-        `sampled_token_ids` holds one token per chunk with `sample` set, in plan order.
+        `sampled_token_ids` holds one token per row of `plan.sampled_seqs()`.
         Sequences aborted while the step ran are skipped.
         """
         tokens = iter(sampled_token_ids)
         changed: list[Sequence] = []
         for chunk in plan.chunks:
             token = next(tokens) if chunk.sample else None
+            fork_tokens = [next(tokens) for _ in chunk.forks]
             seq = chunk.seq
             if seq.status is not SequenceStatus.RUNNING:
                 continue
@@ -238,36 +234,64 @@ class Scheduler:
             self._register_full_blocks(seq, chunk.start)
             if token is None:
                 continue
-            seq.output_token_ids.append(token)
-            changed.append(seq)
-            reason = token_finish_reason(token, seq.num_output_tokens, seq.params, self.eos_token_ids)
-            if reason is not None:
-                self.finish(seq, reason)
+            forked = [(f, t) for f, t in zip(chunk.forks, fork_tokens, strict=True) if f.fork_of is seq]
+            at = self.running.index(seq) + 1 if forked else 0
+            for j, (fork, _) in enumerate(forked):  # before the leader may finish and free its blocks
+                self._fork(seq, fork, at + j)
+            for s, t in [(seq, token), *forked]:
+                s.output_token_ids.append(t)
+                changed.append(s)
+                reason = token_finish_reason(t, s.num_output_tokens, s.params, self.eos_token_ids)
+                if reason is not None:
+                    self.finish(s, reason)
         return changed
+
+    def _fork(self, leader: Sequence, fork: Sequence, at: int) -> None:
+        """`fork` shares the leader's full prompt blocks and computes the rest itself, after its first token;
+        it runs right behind its leader, as if admitted with it (the same ticket, the same turn to be preempted)."""
+        k = leader.num_prompt_tokens // self.pool.block_size  # the prompt's full blocks, all computed by now
+        fork.block_table = self.pool.fork(leader.block_table[:k])
+        fork.num_computed_tokens = k * self.pool.block_size
+        leader.forks.remove(fork)
+        fork.fork_of = None
+        fork.status = SequenceStatus.RUNNING
+        self.running.insert(at, fork)
 
     # --- endings --------------------------------------------------------------------------------
 
     def finish(self, seq: Sequence, reason: str) -> None:
-        """End a sequence and free its blocks at once (stop, length, abort)."""
-        if seq.status is SequenceStatus.RUNNING:
+        """End a sequence and free its blocks at once (stop, length, abort); choices still waiting to fork
+        from it end with it."""
+        if seq.fork_of is not None:
+            seq.fork_of.forks.remove(seq)
+            seq.fork_of = None
+        elif seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
         else:
             return
+        for fork in list(seq.forks):
+            self.finish(fork, reason)
         self.pool.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
-        del self._by_id[seq.request_id]
+        group = self._by_id[seq.request_id]
+        group.remove(seq)
+        if not group:
+            del self._by_id[seq.request_id]
 
     def abort(self, request_id: str) -> Sequence | None:
-        seq = self._by_id.get(request_id)
-        if seq is not None:
+        """End every sequence of a request; returns its first, or None if the request is unknown or done."""
+        group = list(self._by_id.get(request_id, ()))
+        for seq in group:
             self.finish(seq, "abort")
-        return seq
+        return group[0] if group else None
 
     def get(self, request_id: str) -> Sequence | None:
-        return self._by_id.get(request_id)
+        """A request's first unfinished sequence."""
+        group = self._by_id.get(request_id)
+        return group[0] if group else None
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)

@@ -59,27 +59,32 @@ class Outcome:
 
 
 class Timing:
-    """Token counters and latency histograms of one request, fed each event as it is sent."""
+    """Token counters and latency histograms of one request, fed each event as it is sent.
 
-    def __init__(self, state: ServerState, arrival_s: float) -> None:
+    TTFT is the request's first token, of any choice; inter-token latency is measured within each choice."""
+
+    def __init__(self, state: ServerState, arrival_s: float, num_prompt_tokens: int) -> None:
         self.m = state.metrics
         self.arrival_s = arrival_s
-        self.last_s: float | None = None
+        self.num_prompt_tokens = num_prompt_tokens  # of every prompt
+        self.first = True
+        self.last_s: dict[int, float] = {}  # per choice
         self.prompt_counted = False
 
     def on_event(self, event: TokenEvent) -> None:
         n = len(event.token_ids)
         if not self.prompt_counted:
-            self.m.prompt_tokens.labels(self.m.model).inc(event.num_prompt_tokens)
+            self.m.prompt_tokens.labels(self.m.model).inc(self.num_prompt_tokens)
             self.prompt_counted = True
         if n == 0:
             return
         now = time.monotonic()
-        if self.last_s is None:
+        if self.first:
             self.m.ttft.labels(self.m.model).observe(now - self.arrival_s)
-        else:
-            self.m.itl.labels(self.m.model).observe(now - self.last_s)
-        self.last_s = now
+            self.first = False
+        elif event.index in self.last_s:
+            self.m.itl.labels(self.m.model).observe(now - self.last_s[event.index])
+        self.last_s[event.index] = now
         self.m.generation_tokens.labels(self.m.model).inc(n)
 
     def done(self) -> None:

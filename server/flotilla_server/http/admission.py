@@ -22,7 +22,7 @@ class Engine(Protocol):
     """What admission needs of the engine client (flotilla_server.engine.client.EngineClient)."""
 
     def submit(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
-               loop: asyncio.AbstractEventLoop) -> RequestStream: ...
+               loop: asyncio.AbstractEventLoop, extra_prompts: Sequence[Sequence[int]] = ()) -> RequestStream: ...
 
     def abort(self, request_id: str, reason: str) -> None: ...
 
@@ -61,6 +61,7 @@ class AdmissionQueue:
         params: SamplingParams,
         client_gone: Callable[[], Awaitable[None]],
         on_queued: Callable[[], None] | None = None,
+        extra_prompts: Sequence[Sequence[int]] = (),
     ) -> tuple[RequestStream, float]:
         """Wait for admission; return (the engine's stream, seconds waited).
 
@@ -71,7 +72,7 @@ class AdmissionQueue:
         if self.is_full():
             raise QueueFull
         enqueued_at_s = time.monotonic()
-        stream = self._engine.submit(request_id, prompt_token_ids, params, asyncio.get_running_loop())
+        stream = self._engine.submit(request_id, prompt_token_ids, params, asyncio.get_running_loop(), extra_prompts)
         self._waiting += 1
         if on_queued is not None:
             on_queued()

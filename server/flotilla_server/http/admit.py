@@ -32,7 +32,7 @@ async def admit(request: Request, state: ServerState, job: Job) -> tuple[Request
     if state.draining:  # the shedder checked before the body was read; draining may have begun since
         m.count_rejection("draining")
         raise APIError(503, DRAINING_MESSAGE, code="draining", headers=dict(DRAINING_HEADERS))
-    why = state.engine.check_feasible(len(job.prompt_token_ids), job.params.max_tokens)
+    why = next((w for p in job.prompts if (w := state.engine.check_feasible(len(p), job.params.max_tokens))), None)
     if why is not None:
         m.count_rejection("infeasible")
         raise APIError(400, infeasible_message(why), param="max_tokens", code="context_length_exceeded")
@@ -40,9 +40,10 @@ async def admit(request: Request, state: ServerState, job: Job) -> tuple[Request
     retry = {"Retry-After": str(retry_s)}
     ticket = request.scope.get(DOOR_TICKET)
     try:
-        return await state.admission.admit(job.request_id, job.prompt_token_ids, job.params,
+        return await state.admission.admit(job.request_id, job.prompts[0], job.params,
                                            lambda: wait_for_disconnect(request),
-                                           on_queued=ticket.release if ticket is not None else None)
+                                           on_queued=ticket.release if ticket is not None else None,
+                                           extra_prompts=job.prompts[1:])
     except QueueFull:
         m.count_rejection("queue_full")
         raise APIError(429, queue_full_message(state.admission.depth, retry_s),

@@ -7,7 +7,7 @@ that ignored a field that would have changed it:
 - supported: declared on the pydantic schema (`schemas.py`) and honoured;
 - ignored: accepted with a debug log line, because it changes nothing here (`metadata`, `store`, ...);
 - refused: a 400 naming the feature, because it would change the output and is not built here. A refused
-  field carrying its neutral value (`logprobs: false`, `tools: []`, `n: 1`, ...) changes nothing, so it is
+  field carrying its neutral value (`tools: []`, `best_of: 1`, ...) changes nothing, so it is
   accepted like an ignored one: many clients send those defaults on every request.
 
 Our own fields (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `cache_salt`) are listed apart. Any other field gets a 400 naming it.
@@ -25,11 +25,11 @@ log = logging.getLogger("flotilla.server")
 
 SUPPORTED_COMMON = frozenset(
     {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "user",
-     "frequency_penalty", "presence_penalty"}
+     "frequency_penalty", "presence_penalty", "n", "logprobs"}
 )
 SUPPORTED = {
-    "completions": SUPPORTED_COMMON | {"prompt"},
-    "chat": SUPPORTED_COMMON | {"messages", "max_completion_tokens"},
+    "completions": SUPPORTED_COMMON | {"prompt", "echo"},
+    "chat": SUPPORTED_COMMON | {"messages", "max_completion_tokens", "top_logprobs"},
 }
 OURS = frozenset({"top_k", "min_p", "repetition_penalty", "ignore_eos", "cache_salt"})  # beyond OpenAI's API, as vLLM names them
 
@@ -62,20 +62,16 @@ class Refused:
 
 
 _SHARED_REFUSED = {
-    "n": Refused("several choices per request (n > 1)", _none_or(1)),
-    "logprobs": Refused("log-probabilities (logprobs)", _none_or(False, 0)),
     "logit_bias": Refused("token biasing (logit_bias)", _empty),
 }
 REFUSED = {
     "completions": {
         **_SHARED_REFUSED,
         "best_of": Refused("best_of (several candidates per choice)", _none_or(1)),
-        "echo": Refused("echoing the prompt (echo)", _none_or(False)),
         "suffix": Refused("insertion after a suffix (suffix)", _none_or("")),
     },
     "chat": {
         **_SHARED_REFUSED,
-        "top_logprobs": Refused("top log-probabilities (top_logprobs)", _none_or(0)),
         "tools": Refused("tool calling (tools)", _empty),
         "tool_choice": Refused("tool calling (tool_choice)", _none_or("none", "auto")),
         "functions": Refused("function calling (functions)", _empty),

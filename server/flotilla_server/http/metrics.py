@@ -58,7 +58,8 @@ class _StateCollector(Collector):
 
         yield gauge(names.REQUESTS_WAITING, "Requests waiting for a slot (admission queue plus preempted).",
                     s.requests_waiting)
-        yield gauge(names.REQUESTS_RUNNING, "Requests holding a slot in the engine.", s.requests_running)
+        yield gauge(names.REQUESTS_RUNNING, "Sequences holding a slot in the engine (a request with n choices holds n).",
+                    s.requests_running)
         yield gauge(names.SLOTS, "Slots: sequences the engine runs at once (max_num_seqs).", s.slots)
         yield gauge(names.KV_BLOCKS_TOTAL, "KV-cache blocks in the pool.", s.kv_blocks_total)
         yield gauge(names.KV_BLOCKS_USED, "KV-cache blocks held by sequences.", s.kv_blocks_used)

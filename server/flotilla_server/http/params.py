@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flotilla_server.engine.sampling_params import DEFAULT_MAX_TOKENS, SamplingParams
+from flotilla_server.engine.sampling_params import DEFAULT_MAX_TOKENS, MAX_LOGPROBS, SamplingParams
 from flotilla_server.http.errors import APIError
 from flotilla_server.http.schemas import _SamplingFields
 from flotilla_server.http.state import ServerState
@@ -19,8 +19,21 @@ def check_model(state: ServerState, model: str) -> None:
                        param="model", code="model_not_found")
 
 
+def logprobs_wanted(field: str, count: int | None) -> int | None:
+    """How many likeliest tokens to return beside each sampled token's logprob; a 400 above the bound."""
+    if count is not None and count > MAX_LOGPROBS:
+        raise APIError(400, f"{field} is {count}, but this server returns at most {MAX_LOGPROBS} log-probabilities "
+                            f"per token: set {field} to {MAX_LOGPROBS} or less.", param=field)
+    return count
+
+
 def sampling_params(state: ServerState, body: _SamplingFields, num_prompt_tokens: int,
-                    max_tokens: int | None, chat: bool = False) -> SamplingParams:
+                    max_tokens: int | None, chat: bool = False, logprobs: int | None = None) -> SamplingParams:
+    """`num_prompt_tokens`: of the longest prompt; `logprobs`: from `logprobs_wanted`."""
+    num_slots = state.engine.stats().num_slots
+    if body.n > num_slots:  # the n choices of a prompt run at once
+        raise APIError(400, f"n is {body.n}, but this server runs at most {num_slots} sequences at once and the "
+                            f"choices of one prompt run together: set n to {num_slots} or less.", param="n")
     if num_prompt_tokens == 0:
         raise APIError(400, "The prompt is empty after tokenization: send at least one token.", param="prompt")
     if max_tokens is None and num_prompt_tokens >= state.max_model_len:  # never ask to lower a field not sent
@@ -46,6 +59,8 @@ def sampling_params(state: ServerState, body: _SamplingFields, num_prompt_tokens
             frequency_penalty=body.frequency_penalty or 0.0,
             repetition_penalty=body.repetition_penalty if body.repetition_penalty is not None else 1.0,
             min_p=body.min_p or 0.0,
+            n=body.n,
+            logprobs=logprobs,
         )
     except ValueError as e:
         raise APIError(400, f"{e}: change that field and retry.") from None

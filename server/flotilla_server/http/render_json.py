@@ -1,4 +1,4 @@
-"""A whole (non-streamed) answer: join the stream's text into one OpenAI JSON body, or one error."""
+"""A whole (non-streamed) answer: join each choice's text into one OpenAI JSON body, or one error."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from flotilla_server.engine.client import RequestStream, TokenEvent
 from flotilla_server.http import sse
 from flotilla_server.http.accounting import Outcome, Timing
+from flotilla_server.http.choices import Choices
 from flotilla_server.http.errors import APIError
 from flotilla_server.http.job import Job
 from flotilla_server.http.refusals import CLIENT_GONE, DRAINING_HEADERS, abort_message
@@ -21,15 +22,16 @@ from flotilla_server.http.stream_response import wait_for_disconnect
 
 async def json_body(request: Request, state: ServerState, job: Job, stream: RequestStream, outcome: Outcome,
                     arrival_s: float) -> Response:
-    timing = Timing(state, arrival_s)
-    parts: list[str] = []
+    timing = Timing(state, arrival_s, job.num_prompt_tokens)
+    choices = Choices(job, state.tokenizer.decode)
     last: TokenEvent | None = None
 
     async def consume() -> None:
         nonlocal last
         async for event in stream:
             timing.on_event(event)
-            parts.append(event.text)
+            if event.finish_reason != "abort":
+                choices.collect(event)
             last = event
 
     consumer = asyncio.ensure_future(consume())
@@ -48,14 +50,12 @@ async def json_body(request: Request, state: ServerState, job: Job, stream: Requ
     consumer.result()  # re-raise an engine failure
     outcome.engine_done = True
     timing.done()
-    if last is None or last.finish_reason is None or last.finish_reason == "abort":
+    if last is None or not choices.done:
         message, code = abort_message(last.abort_reason if last is not None else None)
         status = 503 if code == "draining" else 500  # as a stream cut by the drain timeout is counted
         outcome.finish(status, None)
         headers = dict(DRAINING_HEADERS) if code == "draining" else None  # as every draining 503 has
         raise APIError(status, message, code=code, headers=headers, counted=True)
     outcome.finish(200)
-    u = sse.usage(last.num_prompt_tokens, last.num_output_tokens)
-    shape = sse.chat_response if job.chat else sse.completion_response
-    return JSONResponse(shape(job.request_id, int(time.time()), state.served_model_name, "".join(parts),
-                              last.finish_reason, u))
+    return JSONResponse(sse.response(job.request_id, int(time.time()), state.served_model_name, job.chat,
+                                     choices.rendered(), choices.usage()))

@@ -1,4 +1,9 @@
-"""A streamed answer: one SSE chunk per engine event, the last with finish_reason, the usage chunk if asked, then [DONE].
+"""A streamed answer: one SSE chunk per engine event, each choice's last with its finish_reason, the usage chunk
+if asked, then [DONE].
+
+The choices of a request (`n`, a list of prompts) interleave as their tokens come, each chunk naming its
+choice's `index`, as OpenAI streams them; chat opens every choice with a role delta, and an echoed prompt
+opens each completions choice.
 
 An abort or an engine failure after the stream started cannot change the status line any more: it ends
 the stream with an error chunk, then [DONE] (docs/architecture.md, "A request's path").
@@ -14,6 +19,7 @@ from collections.abc import AsyncIterator
 from flotilla_server.engine.client import RequestStream
 from flotilla_server.http import sse
 from flotilla_server.http.accounting import Outcome, Timing
+from flotilla_server.http.choices import Choices
 from flotilla_server.http.job import Job
 from flotilla_server.http.refusals import CLIENT_GONE, abort_message
 from flotilla_server.http.state import ServerState
@@ -23,22 +29,33 @@ log = logging.getLogger("flotilla.server")
 
 async def sse_body(state: ServerState, job: Job, stream: RequestStream, outcome: Outcome,
                     arrival_s: float) -> AsyncIterator[bytes]:
-    timing = Timing(state, arrival_s)
+    timing = Timing(state, arrival_s, job.num_prompt_tokens)
+    choices = Choices(job, state.tokenizer.decode)
     model, created, rid, iu = state.served_model_name, int(time.time()), job.request_id, job.include_usage
+    encoders: dict[int, sse.DeltaEncoder] = {}  # per choice: its plain text chunks, pre-rendered
 
-    if job.chat:
-        delta_chunk = sse.DeltaEncoder(lambda t: sse.chat_chunk(rid, created, model, {"content": t}, None, iu))
-    else:
-        delta_chunk = sse.DeltaEncoder(lambda t: sse.completion_chunk(rid, created, model, t, None, iu))
+    def delta_chunk(index: int, text: str) -> bytes:
+        encode = encoders.get(index)
+        if encode is None:
+            if job.chat:
+                encode = sse.DeltaEncoder(lambda t: sse.chat_chunk(rid, created, model, {"content": t}, None, iu, index))
+            else:
+                encode = sse.DeltaEncoder(lambda t: sse.completion_chunk(rid, created, model, t, None, iu, index))
+            encoders[index] = encode
+        return encode(text)
 
-    def chunk(text: str, finish_reason: str | None = None) -> bytes:
+    def chunk(index: int, text: str, finish_reason: str | None = None, logprobs: object = None) -> bytes:
         if job.chat:
             delta = {"content": text} if text or finish_reason is None else {}
-            return sse.sse_event(sse.chat_chunk(rid, created, model, delta, finish_reason, iu))
-        return sse.sse_event(sse.completion_chunk(rid, created, model, text, finish_reason, iu))
+            return sse.sse_event(sse.chat_chunk(rid, created, model, delta, finish_reason, iu, index, logprobs))
+        return sse.sse_event(sse.completion_chunk(rid, created, model, text, finish_reason, iu, index, logprobs))
 
-    if job.chat:
-        yield sse.sse_event(sse.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}, None, iu))
+    for index in range(job.num_choices):
+        if job.chat:
+            yield sse.sse_event(sse.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}, None, iu,
+                                               index))
+        elif job.echo(index):
+            yield chunk(index, job.echo(index))
     try:
         async for event in stream:
             timing.on_event(event)
@@ -49,18 +66,24 @@ async def sse_body(state: ServerState, job: Job, stream: RequestStream, outcome:
                 yield sse.sse_event(sse.error_chunk(message, code))
                 yield sse.DONE
                 return
+            choices.on_event(event)
+            logprobs = choices.chunk_logprobs(event)
             if event.finish_reason is not None:
-                outcome.engine_done = True
-                timing.done()
-                yield chunk(event.text, event.finish_reason)
+                if choices.done:  # the request's last event
+                    outcome.engine_done = True
+                    timing.done()
+                yield chunk(event.index, event.text, event.finish_reason, logprobs)
+                if not choices.done:
+                    continue
                 if iu:
-                    u = sse.usage(event.num_prompt_tokens, event.num_output_tokens)
-                    yield sse.sse_event(sse.usage_chunk(rid, created, model, job.chat, u))
+                    yield sse.sse_event(sse.usage_chunk(rid, created, model, job.chat, choices.usage()))
                 yield sse.DONE
                 outcome.finish(200)
                 return
-            if event.text or event.token_ids:  # one chunk per engine event, even while text is held back
-                yield delta_chunk(event.text)
+            if logprobs is not None:
+                yield chunk(event.index, event.text, None, logprobs)
+            elif event.text or event.token_ids:  # one chunk per engine event, even while text is held back
+                yield delta_chunk(event.index, event.text)
         outcome.engine_done = True  # the stream ended without a finish event: report, never hang
         outcome.finish(500)
         yield sse.sse_event(sse.error_chunk("The engine ended the stream without a finish reason.", "engine_error"))

@@ -11,10 +11,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from flotilla_server.engine.sampling_params import MAX_N
 from flotilla_server.http.errors import APIError
 from flotilla_server.http.field_policy import FieldRefused, apply_policy
 
 MAX_STOP_STRINGS = 4
+MAX_PROMPTS = 256  # prompts in one completions request
 
 
 class StreamOptions(BaseModel):
@@ -49,6 +51,9 @@ class _SamplingFields(BaseModel):
     cache_salt: Annotated[str, Field(min_length=1)] | None = Field(
         default=None, description="Prefix-cache tenant: requests with different salts never share cached KV blocks."
     )
+    n: Annotated[int, Field(ge=1, le=MAX_N)] = Field(
+        default=1, description="Choices per prompt; they share the prompt's prefill and KV blocks."
+    )
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> _SamplingFields:
@@ -73,12 +78,21 @@ def _policy(endpoint: str, data: Any) -> Any:
         raise APIError(400, f"{e}.", param=e.field, code="unsupported_field") from None
 
 
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
+
+
 class CompletionRequest(_SamplingFields):
     prompt: (
         Annotated[str, Field(min_length=1)]
-        | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
-        | Annotated[list[str], Field(min_length=1, max_length=1)]
-    ) = Field(description="One prompt: a string, or a list of token ids.")
+        | TokenIds
+        | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=MAX_PROMPTS)]
+        | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]
+    ) = Field(description="A string, a list of token ids, or a list of either: n choices per prompt, choice index "
+                          "= prompt number x n + j.")
+    echo: bool = Field(default=False, description="Start each choice's text with its prompt.")
+    logprobs: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="Return each token's raw logprob and those of the `logprobs` likeliest tokens (0-20)."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -107,6 +121,10 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    logprobs: bool | None = Field(default=None, description="Return each output token's raw logprob.")
+    top_logprobs: Annotated[int, Field(ge=0)] | None = Field(
+        default=None, description="With logprobs: also the top_logprobs likeliest tokens at each position (0-20)."
+    )
 
     @model_validator(mode="before")
     @classmethod

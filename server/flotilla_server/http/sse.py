@@ -1,7 +1,7 @@
 """Server-sent events framing and the OpenAI chunk shapes, as pure functions.
 
-The stream contract: one ``data:`` event per chunk, sent as soon as it exists; the last choice chunk
-carries ``finish_reason``. With ``stream_options.include_usage``, as OpenAI does it, every chunk carries
+The stream contract: one ``data:`` event per chunk, sent as soon as it exists; each chunk holds one
+choice, named by its ``index``, and each choice's last chunk carries ``finish_reason``. With ``stream_options.include_usage``, as OpenAI does it, every chunk carries
 ``"usage": null`` and one more chunk with empty ``choices`` carries the usage; without it no chunk has a
 ``usage`` key. Then ``data: [DONE]``. A failure after the stream started is an error
 chunk, then ``[DONE]``: without a final event a clean end cannot be told from a dropped connection.
@@ -29,22 +29,32 @@ def usage(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, int]:
 def _chunk(request_id: str, created: int, model: str, obj: str, choice: dict[str, Any],
            include_usage: bool) -> dict[str, Any]:
     chunk: dict[str, Any] = {"id": request_id, "object": obj, "created": created, "model": model,
-                             "choices": [{"index": 0, **choice}]}
+                             "choices": [choice]}
     if include_usage:
         chunk["usage"] = None  # OpenAI's shape: null on every chunk but the usage chunk
     return chunk
 
 
-def completion_chunk(request_id: str, created: int, model: str, text: str,
-                     finish_reason: str | None = None, include_usage: bool = False) -> dict[str, Any]:
+def completion_choice(index: int, text: str, finish_reason: str | None, logprobs: Any = None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def chat_logprobs(content: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    return None if content is None else {"content": content, "refusal": None}
+
+
+def completion_chunk(request_id: str, created: int, model: str, text: str, finish_reason: str | None = None,
+                     include_usage: bool = False, index: int = 0, logprobs: Any = None) -> dict[str, Any]:
     return _chunk(request_id, created, model, "text_completion",
-                  {"text": text, "logprobs": None, "finish_reason": finish_reason}, include_usage)
+                  completion_choice(index, text, finish_reason, logprobs), include_usage)
 
 
-def chat_chunk(request_id: str, created: int, model: str, delta: dict[str, str],
-               finish_reason: str | None = None, include_usage: bool = False) -> dict[str, Any]:
+def chat_chunk(request_id: str, created: int, model: str, delta: dict[str, str], finish_reason: str | None = None,
+               include_usage: bool = False, index: int = 0,
+               logprobs_content: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return _chunk(request_id, created, model, "chat.completion.chunk",
-                  {"delta": delta, "logprobs": None, "finish_reason": finish_reason}, include_usage)
+                  {"index": index, "delta": delta, "logprobs": chat_logprobs(logprobs_content),
+                   "finish_reason": finish_reason}, include_usage)
 
 
 def usage_chunk(request_id: str, created: int, model: str, chat: bool, usage_: dict[str, int]) -> dict[str, Any]:
@@ -53,23 +63,18 @@ def usage_chunk(request_id: str, created: int, model: str, chat: bool, usage_: d
     return {"id": request_id, "object": obj, "created": created, "model": model, "choices": [], "usage": usage_}
 
 
-def completion_response(request_id: str, created: int, model: str, text: str, finish_reason: str,
-                        usage_: dict[str, int]) -> dict[str, Any]:
-    return {
-        "id": request_id, "object": "text_completion", "created": created, "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
-        "usage": usage_,
-    }
+def chat_choice(index: int, text: str, finish_reason: str,
+                logprobs_content: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"index": index, "message": {"role": "assistant", "content": text},
+            "logprobs": chat_logprobs(logprobs_content), "finish_reason": finish_reason}
 
 
-def chat_response(request_id: str, created: int, model: str, text: str, finish_reason: str,
-                  usage_: dict[str, int]) -> dict[str, Any]:
-    return {
-        "id": request_id, "object": "chat.completion", "created": created, "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                     "finish_reason": finish_reason}],
-        "usage": usage_,
-    }
+def response(request_id: str, created: int, model: str, chat: bool, choices: list[dict[str, Any]],
+             usage_: dict[str, int]) -> dict[str, Any]:
+    """A whole answer: `choices` from `chat_choice` or `completion_choice`, in index order."""
+    obj = "chat.completion" if chat else "text_completion"
+    return {"id": request_id, "object": obj, "created": created, "model": model, "choices": choices,
+            "usage": usage_}
 
 
 def error_chunk(message: str, code: str) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Invariants of the block pool and scheduler under random traffic, with no model.
 
-A fake step samples random tokens; hypothesis chooses arrivals, lengths, EOS and cancellations.
+A fake step samples random tokens; hypothesis chooses arrivals, lengths, choices per prompt (n), EOS and
+cancellations.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import random
 from flotilla_server.engine.kv_pool import BlockPool
 from flotilla_server.engine.sampling_params import SamplingParams
 from flotilla_server.engine.scheduler import Scheduler, infeasible_reason
-from flotilla_server.engine.sequence import Sequence, SequenceStatus
+from flotilla_server.engine.sequence import Sequence, SequenceStatus, new_request
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +21,8 @@ EOS = 0
 def check_state(sched: Scheduler) -> None:
     live = list(sched.running) + list(sched.waiting)
     sched.pool.check([s.block_table for s in live])
-    assert len(sched.running) <= sched.max_num_seqs
+    assert sched.num_slots_used <= sched.max_num_seqs
+    assert all(f.fork_of is s and f.block_table == [] for s in live for f in s.forks)
     assert all(s.block_table == [] and s.num_computed_tokens == 0 for s in sched.waiting)
     assert all(s.status is SequenceStatus.RUNNING for s in sched.running)
 
@@ -31,8 +33,8 @@ def check_plan(sched: Scheduler, plan) -> None:
     seen_decode = False
     ids = set()
     for c in plan.chunks:
-        assert c.seq.request_id not in ids, "a sequence scheduled twice in one step"
-        ids.add(c.seq.request_id)
+        assert c.seq.key not in ids, "a sequence scheduled twice in one step"
+        ids.add(c.seq.key)
         assert 1 <= c.num_tokens <= sched.prefill_chunk
         assert c.context_len <= len(c.seq.block_table) * sched.pool.block_size
         is_decode = c.num_tokens == 1 and c.sample and c.start == c.seq.num_tokens - 1
@@ -57,6 +59,7 @@ scenario = st.fixed_dictionaries(
                 st.integers(1, 40),  # max_tokens
                 st.booleans(),  # ignore_eos
                 st.one_of(st.none(), st.integers(0, 60)),  # cancelled at step
+                st.integers(1, 3),  # n
             ),
             min_size=1,
             max_size=24,
@@ -75,24 +78,25 @@ def test_random_traffic_keeps_invariants_and_finishes_every_feasible_request(sc)
     sched = Scheduler(pool, sc["max_num_seqs"], budget, sc["prefill_chunk"], eos_token_ids=[EOS])
     max_model_len = 10_000
     pending = sorted(enumerate(sc["requests"]), key=lambda r: r[1][0])
-    feasible: dict[str, Sequence] = {}
+    feasible: dict[str, Sequence] = {}  # each request's first sequence
+    choices: list[Sequence] = []
     cancel_at: dict[str, int] = {}
     deferred: list[Sequence] = []
     step = 0
+    forked = False
     while pending or deferred or sched.has_unfinished():
         assert step < 5000, "no progress: the scheduler is stuck"
         while pending and pending[0][1][0] <= step:
-            i, (_, prompt_len, max_tokens, ignore_eos, cancel) = pending.pop(0)
-            if infeasible_reason(prompt_len, max_tokens, max_model_len, pool.num_blocks, pool.block_size):
-                assert (prompt_len + max_tokens + pool.block_size - 1) // pool.block_size > pool.num_blocks
+            i, (_, prompt_len, max_tokens, ignore_eos, cancel, n) = pending.pop(0)
+            if infeasible_reason(prompt_len, max_tokens, max_model_len, pool.num_blocks, pool.block_size, n,
+                                 sched.max_num_seqs):
+                assert (prompt_len + max_tokens + pool.block_size - 1) // pool.block_size > pool.num_blocks \
+                    or n > sched.max_num_seqs
                 continue
-            seq = Sequence(
-                f"r{i}",
-                [rng.randrange(1, 50) for _ in range(prompt_len)],
-                SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos),
-                ticket=-1,
-            )
+            (seq,) = new_request(f"r{i}", [[rng.randrange(1, 50) for _ in range(prompt_len)]],
+                                 SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, n=n))
             feasible[seq.request_id] = seq
+            choices += [seq, *seq.forks]
             if cancel is not None:
                 cancel_at[seq.request_id] = step + cancel
             if sc["admit_directly"]:
@@ -107,23 +111,25 @@ def test_random_traffic_keeps_invariants_and_finishes_every_feasible_request(sc)
                 del cancel_at[rid]
                 if sched.abort(rid) is None and feasible[rid] in deferred:
                     deferred.remove(feasible[rid])
-                    feasible[rid].status = SequenceStatus.FINISHED
-                    feasible[rid].finish_reason = "abort"
+                    for s in (feasible[rid], *feasible[rid].forks):
+                        s.status, s.finish_reason = SequenceStatus.FINISHED, "abort"
         plan = sched.schedule()
         check_plan(sched, plan)
+        forked = forked or any(c.forks for c in plan.chunks)
         if sched.running:
             assert not plan.is_empty, "running sequences but nothing scheduled"
             # the oldest running sequence progresses every step
             oldest = min(sched.running, key=lambda s: s.ticket)
             assert any(c.seq is oldest for c in plan.chunks)
-        sampled = [EOS if rng.random() < 0.05 else rng.randrange(1, 50) for c in plan.chunks if c.sample]
+        sampled = [EOS if rng.random() < 0.05 else rng.randrange(1, 50) for _ in plan.sampled_seqs()]
         sched.update(plan, sampled)
         check_state(sched)
         step += 1
     event(f"preempted={sched.preemptions > 0}")
+    event(f"forked={forked}")
     event(f"deferred={sum(sched.deferrals.values()) > 0}")
     assert pool.num_free_blocks == pool.num_blocks
-    for seq in feasible.values():
+    for seq in choices:
         assert seq.is_finished and seq.block_table == []
         if seq.finish_reason == "length":
             assert seq.num_output_tokens == seq.params.max_tokens

@@ -21,8 +21,8 @@ class _Hooked:
         self.engine = engine
         self.on_admit = None
 
-    def submit(self, request_id, prompt_token_ids, params, loop):
-        stream = self.engine.submit(request_id, prompt_token_ids, params, loop)
+    def submit(self, request_id, prompt_token_ids, params, loop, extra_prompts=()):
+        stream = self.engine.submit(request_id, prompt_token_ids, params, loop, extra_prompts)
         if self.on_admit is not None:
             hook = self.on_admit
             stream.admitted.add_done_callback(lambda _: hook(request_id))

@@ -46,13 +46,12 @@ IGNORED_VALUES = {
     "prompt_cache_retention": "in-memory", "prompt_cache_options": None,
 }
 NEUTRAL = {
-    "n": 1, "logprobs": False, "logit_bias": {}, "best_of": 1,
-    "echo": False, "suffix": None, "top_logprobs": 0, "tools": [], "tool_choice": "none", "functions": [],
+    "logit_bias": {}, "best_of": 1, "suffix": None, "tools": [], "tool_choice": "none", "functions": [],
     "function_call": "none", "response_format": {"type": "text"}, "audio": None, "modalities": ["text"],
     "reasoning_effort": None, "verbosity": "medium", "web_search_options": None, "moderation": None,
 }
 REFUSING = {
-    "n": 2, "logprobs": True, "logit_bias": {"5": 10}, "best_of": 3, "echo": True, "suffix": "end", "top_logprobs": 3,
+    "logit_bias": {"5": 10}, "best_of": 3, "suffix": "end",
     "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
     "functions": [{"name": "f"}], "function_call": {"name": "f"}, "response_format": {"type": "json_object"},
     "audio": {"voice": "alloy", "format": "wav"}, "modalities": ["text", "audio"], "reasoning_effort": "high",
@@ -63,10 +62,10 @@ REFUSING = {
 def base(endpoint: str) -> dict:
     body = {"model": "tiny", "max_tokens": 3, "temperature": 0, "top_p": 1, "seed": 1, "stop": ["\n\n\n"],
             "user": "u1", "top_k": -1, "ignore_eos": True, "cache_salt": "s", "frequency_penalty": 0.1,
-            "presence_penalty": 0.1, "repetition_penalty": 1.1, "min_p": 0.05}
+            "presence_penalty": 0.1, "repetition_penalty": 1.1, "min_p": 0.05, "n": 2}
     if endpoint == "chat":
-        return {**body, "messages": [{"role": "user", "content": "hi"}]}
-    return {**body, "prompt": "hi"}
+        return {**body, "messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 2}
+    return {**body, "prompt": ["hi", "ho"], "logprobs": 2, "echo": False}
 
 
 @pytest.mark.parametrize("endpoint", sorted(SDK_TYPES))

@@ -11,7 +11,7 @@ from fastapi.responses import Response
 from flotilla_server.http.errors import APIError
 from flotilla_server.http.generation import generate
 from flotilla_server.http.job import Job
-from flotilla_server.http.params import check_model, include_usage, sampling_params
+from flotilla_server.http.params import check_model, include_usage, logprobs_wanted, sampling_params
 from flotilla_server.http.schemas import ChatCompletionRequest
 from flotilla_server.http.state import State
 from flotilla_server.model.tokenizer import ChatTemplateError
@@ -28,6 +28,10 @@ def template_reads_name(template: str | None) -> bool:
 async def create_chat_completion(body: ChatCompletionRequest, request: Request, state: State) -> Response:
     """Answer a conversation (OpenAI-compatible); with stream=true the answer is server-sent events."""
     check_model(state, body.model)
+    if body.top_logprobs and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: set logprobs to true, or drop top_logprobs.",
+                       param="top_logprobs")
+    logprobs = logprobs_wanted("top_logprobs", body.top_logprobs or 0) if body.logprobs else None
     named = [i for i, m in enumerate(body.messages) if m.name is not None]
     if named and not template_reads_name(state.tokenizer.chat_template):
         raise APIError(400, "messages[].name is not supported by this model: its chat template does not use "
@@ -41,7 +45,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
         raise APIError(400, f"{e}: check the messages' roles and order.", param="messages") from None
     prompt_ids = state.tokenizer.encode(text, add_special_tokens=False)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    params = sampling_params(state, body, len(prompt_ids), max_tokens, chat=True)
-    job = Job(chat=True, request_id=f"chatcmpl-{uuid.uuid4().hex}", prompt_token_ids=prompt_ids,
+    params = sampling_params(state, body, len(prompt_ids), max_tokens, chat=True, logprobs=logprobs)
+    job = Job(chat=True, request_id=f"chatcmpl-{uuid.uuid4().hex}", prompts=[prompt_ids],
               params=params, stream=body.stream, include_usage=include_usage(body))
     return await generate(request, state, job)
