@@ -146,7 +146,7 @@ def test_dashboards_are_configmaps_with_configurable_label() -> None:
         ((name, text),) = cm["data"].items()
         assert json.loads(text) == json.loads((REPO_ROOT / "dashboards" / name).read_text())
         uids.add(json.loads(text)["uid"])
-    assert uids == {"flotilla-fleet", "flotilla-model"}
+    assert uids == {"flotilla-fleet", "flotilla-model", "flotilla-pool"}
     assert not by_kind(render("default", "dashboards.enabled=false"), "ConfigMap")
 
 
