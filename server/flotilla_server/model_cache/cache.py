@@ -5,8 +5,8 @@ holders is busy and never evicted. Loads run one at a time on one worker thread,
 waits on a load; the heavy part (reading weights) is the engines' business, and engine_processes.py does
 it in the new model's own process, niced and on one thread, so resident models keep their CPU. The worker
 itself is not niced: it holds the GIL of the HTTP side now and then. What to evict is `policy.decide_load`'s
-answer, never decided here (docs/architecture.md,
-"Model cache"). Engines are started and stopped only through `engines.Engines`.
+answer, never decided here (docs/architecture.md, "Model cache"). Engines are started and stopped only
+through `engines.Engines`; an engine that dies by itself sends its model back to `available`.
 """
 
 from __future__ import annotations
