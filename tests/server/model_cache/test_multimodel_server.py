@@ -1,5 +1,6 @@
 """A real multi-model flotilla-server on CPU: three small models, a memory budget that holds two, requests
-that cycle through all three (docs/serving.md, "Multi-model mode").
+that cycle through all three (docs/serving.md, "Multi-model mode"); a killed engine process; the pool
+dashboard and the thrash alert over a real Prometheus scraping this server (docs/pools.md).
 
 One server process serves every test here (start-up dominates on a shared CPU). The figures the step-rate
 test measures (resident step rate idle and while another model loads, the TTFT rise) are printed; run
