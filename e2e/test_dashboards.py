@@ -1,4 +1,4 @@
-"""Every panel query of both Grafana dashboards returns data from a real system under load.
+"""Every panel query of the fleet and model dashboards returns data from a real system under load.
 
 The whole loop runs for real: the operator (subprocess) against the Kubernetes API emulator, the pod
 runner starting `flotilla-server --model tiny` processes for its Deployment, a real flotilla-gateway in
@@ -6,13 +6,13 @@ front of them, a real Prometheus scraping the servers, the gateway and the opera
 that overloads the model through the gateway (429s) while some clients walk away mid-stream (499s). The
 model starts at zero replicas, so the gateway's first requests are held and wake it (the hold panels). Each query is then evaluated the way Grafana would for one
 selection of the dashboard's variables (variable queries included); a query that errors or returns no
-finite value fails the test, named by dashboard, panel and refId.
+finite value fails the test, named by dashboard, panel and refId. (The pool dashboard's series come from
+multi-model servers: tests/server/model_cache/test_multimodel_server.py evaluates it against one.)
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -25,7 +25,8 @@ import yaml
 from e2e.conftest import SERVER_START_S
 from e2e.load import LoadGenerator
 from e2e.pod_runner import PodRunner
-from tests.chart.dashboard_queries import PanelQuery, load_dashboards, queries, substitute, variables
+from tests.chart.dashboard_queries import load_dashboards
+from tests.support.dashboard_eval import WINDOW_S, failing_queries
 from tests.support.gateway_cluster import gateway_process
 from tests.support.k8s_emulator import serve
 from tests.support.operator_process import operator_process
@@ -34,11 +35,11 @@ from tests.support.prometheus import RealPrometheus, Target
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "default"
 MODEL = "tiny"
-WINDOW_S = 30  # the range each query is evaluated over, as a dashboard's recent time range
 DATA_TIMEOUT_S = 60  # how long the system may take to produce a series for every panel, once a replica serves
 READY_TIMEOUT_S = SERVER_START_S  # operator, Deployment and a server process starting on a shared machine
 # Panels whose series this load must move, not merely create (every rejection reason starts at 0).
 MUST_BE_NONZERO = {"429/s by reason", "499/s by reason", "Output tokens/s"}
+DASHBOARDS = ("flotilla-fleet.json", "flotilla-model.json")
 
 # Small engine, short queue: a dozen concurrent clients overflow it, so 429s are real.
 INFERENCE_MODEL = {
@@ -88,57 +89,6 @@ def walk_away_clients(endpoints, stop: threading.Event) -> None:
         stop.wait(0.5)
 
 
-def series_values(prometheus: RealPrometheus, expr: str) -> tuple[str | None, list[float]]:
-    """(error, every value of every series) of a range query over the last WINDOW_S seconds."""
-    end = time.time()
-    response = httpx.get(f"{prometheus.url}/api/v1/query_range",
-                         params={"query": expr, "start": end - WINDOW_S, "end": end, "step": "2s"}, timeout=10)
-    body = response.json()
-    if body.get("status") != "success":
-        return body.get("error", response.text), []
-    return None, [float(v) for series in body["data"]["result"] for _, v in series["values"]]
-
-
-def label_values(prometheus: RealPrometheus, definition: str) -> list[str]:
-    """Grafana's `label_values(selector, label)` variable query, through Prometheus' series API."""
-    inner = definition.removeprefix("label_values(").removesuffix(")")
-    selector, label = (part.strip() for part in inner.rsplit(",", 1))
-    response = httpx.get(f"{prometheus.url}/api/v1/series", params={"match[]": selector}, timeout=10)
-    response.raise_for_status()
-    return sorted({s[label] for s in response.json()["data"] if label in s})
-
-
-def selection(prometheus: RealPrometheus, dashboard: dict) -> tuple[dict[str, str], list[str]]:
-    """Values for the dashboard's variables, in order (each may use the previous), and the variables with none."""
-    chosen: dict[str, str] = {"datasource": "prometheus"}
-    empty = []
-    for variable in variables(dashboard):
-        if variable["type"] != "query":
-            continue
-        options = label_values(prometheus, substitute(variable["definition"], chosen))
-        if not options:
-            empty.append(variable["name"])
-        chosen[variable["name"]] = variable["allValue"] if variable.get("includeAll") else (options or ["none"])[0]
-    return chosen, empty
-
-
-def failing_queries(prometheus: RealPrometheus) -> list[str]:
-    failures = []
-    for dashboard in load_dashboards().values():
-        chosen, empty = selection(prometheus, dashboard)
-        failures += [f"{dashboard['title']} / variable ${name}: label_values returned nothing" for name in empty]
-        query: PanelQuery
-        for query in queries(dashboard):
-            error, values = series_values(prometheus, substitute(query.expr, chosen))
-            if error:
-                failures.append(f"{query.name}: error {error}")
-            elif not any(math.isfinite(v) for v in values):
-                failures.append(f"{query.name}: no data ({len(values)} values, none finite)")
-            elif query.panel in MUST_BE_NONZERO and not any(v > 0 for v in values if math.isfinite(v)):
-                failures.append(f"{query.name}: only zeros, although the load produces these events")
-    return failures
-
-
 @contextlib.contextmanager
 def running_system(tmp_path: Path) -> Iterator[tuple[RealPrometheus, PodRunner, str]]:
     crd = yaml.safe_load((ROOT / "crds" / "flotilla.dev_inferencemodels.yaml").read_text())
@@ -175,7 +125,7 @@ def test_every_dashboard_panel_returns_data_under_load(tmp_path: Path) -> None:
             failures = ["not evaluated yet"]
             while failures and time.monotonic() < deadline + WINDOW_S:
                 time.sleep(2)
-                failures = failing_queries(prometheus)
+                failures = failing_queries(prometheus, [load_dashboards()[d] for d in DASHBOARDS], MUST_BE_NONZERO)
         finally:
             stop_walkers.set()
             report = load.stop()

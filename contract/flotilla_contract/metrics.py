@@ -22,6 +22,7 @@ VLLM_PREFIX_CACHE_HITS = "vllm:prefix_cache_hits"
 # Multi-model servers (docs/serving.md, "Multi-model mode"); every series carries `model` where one applies.
 MODEL_LOAD_SECONDS = "flotilla_model_load_seconds"  # histogram: one observation per finished load
 MODEL_EVICTIONS = "flotilla_model_evictions"  # counter (exposed as _total), labelled with the evicted model
+MODEL_ENGINE_DEATHS = "flotilla_model_engine_deaths"  # counter (_total), by model: its engine stopped by itself
 MODELS_RESIDENT = "flotilla_models_resident"  # gauge: models loaded now
 MODEL_LRU_AGE_SECONDS = "flotilla_model_lru_age_seconds"  # gauge: seconds since the least recently used resident model served
 MODEL_REQUESTS = "flotilla_model_requests"  # counter (exposed as _total): requests that named each model

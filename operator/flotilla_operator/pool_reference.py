@@ -116,6 +116,23 @@ A request for a member of a pool at zero replicas is held (the member's `coldSta
 pool: one conditional 0 → 1 patch of the pool's scale subresource, once per pool generation whatever the
 number of members waiting, then the `flotilla.dev/woken-at` stamp on the pool. The held requests go out as
 the pool's pods turn ready.
+
+## Dashboard and alert
+
+The chart's Grafana dashboard **Flotilla pool** (uid `flotilla-pool`, `dashboards/flotilla-pool.json`) selects
+a namespace, a pool (the `pool` label of its servers' series) and its members. Its panels: resident models
+per pod (`flotilla_models_resident`), members by state (`flotilla_model_state`), requests per member by
+outcome, evictions per second by member, load time p50/p95/p99 (`flotilla_model_load_seconds`), loads per
+second, each pod's LRU age (`flotilla_model_lru_age_seconds`: the idle time of its next victim) drawn
+against ten times its mean load time, and engine deaths (`flotilla_model_engine_deaths_total`: a member's
+engine process that stopped by itself; its requests failed and it loads again on the next one).
+
+The alert `FlotillaModelPoolThrashing` (warning, in the chart's PrometheusRule) fires when, for 15 minutes,
+a pool pod evicts models while its LRU age stays under ten times its mean load time over the last 15
+minutes: it unloads models that are still in use and pays a cold start to load them back. Give each replica
+more memory (`memoryBudget`, a larger GPU shape) or more replicas (`scaling.minReplicas`), or move a hot
+member to its own latency-first Deployment. Loads without evictions (a pool filling up) and a pool with no
+load in the window do not fire it.
 """
 
 MEASURED = """

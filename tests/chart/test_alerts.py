@@ -19,6 +19,7 @@ ALERTS = {
     "FlotillaAutoscalerPinnedAtMax",
     "FlotillaOperatorPrometheusQueriesFailing",
     "FlotillaGatewayRequestsHeldLong",
+    "FlotillaModelPoolThrashing",
 }
 
 

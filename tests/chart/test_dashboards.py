@@ -3,6 +3,7 @@ and use only series that the server and the operator export. e2e/test_dashboards
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -36,27 +37,39 @@ def system_series() -> set[str]:
     from flotilla_gateway.metrics import GatewayMetrics
     from flotilla_operator import metrics as operator_metrics
     from flotilla_server.http.metrics import ServerMetrics, StateSnapshot
+    from flotilla_server.http.pool_metrics import PoolMetrics
 
     server = ServerMetrics("m", lambda: StateSnapshot(0, 0, 1, 1, 0, 0))
+    pool = PoolMetrics(lambda: [])  # a multi-model server's own series
     operator = CollectorRegistry()
     for collector in vars(operator_metrics).values():
         if isinstance(collector, MetricWrapperBase):
             operator.register(collector)
-    return exported_names(server.registry) | exported_names(operator) | exported_names(GatewayMetrics().registry)
+    return (exported_names(server.registry) | exported_names(pool.registry) | exported_names(operator)
+            | exported_names(GatewayMetrics().registry))
 
 
 def test_dashboards_have_fixed_uids_and_titles() -> None:
     assert {name: d["uid"] for name, d in DASHBOARDS.items()} == {
-        "flotilla-fleet.json": "flotilla-fleet", "flotilla-model.json": "flotilla-model"}
-    assert {d["title"] for d in DASHBOARDS.values()} == {"Flotilla fleet", "Flotilla model"}
+        "flotilla-fleet.json": "flotilla-fleet", "flotilla-model.json": "flotilla-model",
+        "flotilla-pool.json": "flotilla-pool"}
+    assert {d["title"] for d in DASHBOARDS.values()} == {"Flotilla fleet", "Flotilla model", "Flotilla pool"}
     assert all("id" not in d or d["id"] is None for d in DASHBOARDS.values())
+
+
+# A multi-model server's own series, one per pod with no `model` label: the pool dashboard selects them by
+# its `pool` variable, and by model only where a series has one.
+POOL_SERIES_WITHOUT_MODEL = {"flotilla_models_resident", "flotilla_model_lru_age_seconds",
+                             "flotilla_model_load_seconds_bucket", "flotilla_model_load_seconds_sum",
+                             "flotilla_model_load_seconds_count"}
 
 
 @pytest.mark.parametrize("name", sorted(DASHBOARDS))
 def test_datasource_variable_and_selectors(name: str) -> None:
     by_name = {v["name"]: v for v in variables(DASHBOARDS[name])}
     assert by_name["datasource"]["type"] == "datasource" and by_name["datasource"]["query"] == "prometheus"
-    for selector in ("namespace", "model"):
+    pool = name == "flotilla-pool.json"
+    for selector in ("namespace", "model", *(("pool",) if pool else ())):
         assert by_name[selector]["type"] == "query"
         assert by_name[selector]["datasource"] == DATASOURCE
     for panel in panels(DASHBOARDS[name]):
@@ -65,9 +78,14 @@ def test_datasource_variable_and_selectors(name: str) -> None:
         assert panel["datasource"] == DATASOURCE, panel["title"]
         assert panel["targets"], f"panel {panel['title']!r} has no query"
         for target in panel["targets"]:
+            expr = target["expr"]
             assert target["datasource"] == DATASOURCE, panel["title"]
-            assert 'model=~"$model"' in target["expr"], f"{panel['title']}: query ignores the model selector"
-            assert 'namespace=~"$namespace"' in target["expr"], f"{panel['title']}: ignores the namespace selector"
+            if not (pool and metric_names(expr) <= POOL_SERIES_WITHOUT_MODEL):
+                assert 'model=~"$model"' in expr, f"{panel['title']}: query ignores the model selector"
+            assert 'namespace=~"$namespace"' in expr, f"{panel['title']}: ignores the namespace selector"
+            if pool:
+                assert expr.count('pool=~"$pool"') == len(re.findall(r"\bflotilla_\w+\{", expr)), \
+                    f"{panel['title']}: a series ignores the pool selector"
 
 
 @pytest.mark.parametrize("name", sorted(DASHBOARDS))
@@ -112,6 +130,28 @@ def test_fleet_dashboard_has_the_required_panels() -> None:
     assert [e.split(",")[0] for e in ttft] == [f"histogram_quantile({q}" for q in ("0.5", "0.95", "0.99")]
 
 
+def test_pool_dashboard_has_the_pool_panels() -> None:
+    """Residency, evictions, load time quantiles, LRU age against the thrash alert's line, engine deaths."""
+    pool = DASHBOARDS["flotilla-pool.json"]
+    exprs: dict[str, str] = {}
+    for q in queries(pool):
+        exprs[q.panel] = exprs.get(q.panel, "") + q.expr
+    required = {
+        "Resident models per pod": "flotilla_models_resident",
+        "Models by state": "flotilla_model_state",
+        "Evictions/s by model": "flotilla_model_evictions_total",
+        "Load time": "flotilla_model_load_seconds_bucket",
+        "LRU age and 10x mean load time": "flotilla_model_lru_age_seconds",
+        "Engine deaths": "flotilla_model_engine_deaths_total",
+        "Requests/s by outcome": "flotilla_model_requests_total",
+    }
+    for panel, needle in required.items():
+        assert needle in exprs[panel], panel
+    load = [q.expr for q in queries(pool) if q.panel == "Load time"]
+    assert [e.split(",")[0] for e in load] == [f"histogram_quantile({q}" for q in ("0.5", "0.95", "0.99")]
+    assert "10 * (" in exprs["LRU age and 10x mean load time"]  # the thrash alert's threshold, drawn
+
+
 def test_model_dashboard_breaks_down_by_pod() -> None:
     model = DASHBOARDS["flotilla-model.json"]
     titles = {q.panel for q in queries(model)}
@@ -136,7 +176,8 @@ def test_every_query_parses_as_promql(tmp_path: Path) -> None:
     rules = []
     for dashboard in DASHBOARDS.values():
         for i, q in enumerate(queries(dashboard)):
-            expr = substitute(q.expr, {"datasource": "prometheus", "namespace": ".*", "model": ".*", "pod": ".*"})
+            expr = substitute(q.expr, {"datasource": "prometheus", "namespace": ".*", "model": ".*", "pod": ".*",
+                                       "pool": ".*"})
             rules.append({"record": f"dashboard:{dashboard['uid'].replace('-', '_')}:{i}", "expr": expr,
                           "labels": {"panel": q.name}})
     rules_file = tmp_path / "dashboard-queries.yaml"

@@ -24,9 +24,9 @@ def test_helm_lint_strict_passes(values_name: str) -> None:
 def test_default_values_render_operator_rbac_priority_classes_and_dashboards() -> None:
     kinds = sorted(d["kind"] for d in render("default"))
     assert kinds == ["ClusterKopfPeering", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
-                     "ConfigMap", "ConfigMap", *["CustomResourceDefinition"] * 4, "Deployment", "Deployment",
+                     "ConfigMap", "ConfigMap", "ConfigMap", *["CustomResourceDefinition"] * 4, "Deployment", "Deployment",
                      "PriorityClass", "PriorityClass", "Service", "Service", "ServiceAccount", "ServiceAccount"]
-    # the operator's and the gateway's; CRDs: InferenceModel, ModelPool and kopf's two peering kinds
+    # the operator's and the gateway's; three dashboards; CRDs: InferenceModel, ModelPool and kopf's two peering kinds
 
 
 def test_priority_classes_carry_the_names_the_operator_uses() -> None:
@@ -45,8 +45,8 @@ def test_priority_classes_carry_the_names_the_operator_uses() -> None:
 
 def test_all_options_render_every_optional_resource() -> None:
     kinds = sorted(d["kind"] for d in render("all-options"))
-    assert kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding", "ConfigMap", "ConfigMap",
-                     *["CustomResourceDefinition"] * 4, "Deployment", "Deployment", "KopfPeering", "KopfPeering",
+    assert kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
+                     *["ConfigMap"] * 3, *["CustomResourceDefinition"] * 4, "Deployment", "Deployment", "KopfPeering", "KopfPeering",
                      "PodMonitor", "PriorityClass", "PriorityClass", "PrometheusRule", "Service", "Service",
                      "ServiceAccount", "ServiceAccount", "ServiceMonitor"]
 
@@ -146,7 +146,7 @@ def test_dashboards_are_configmaps_with_configurable_label() -> None:
         ((name, text),) = cm["data"].items()
         assert json.loads(text) == json.loads((REPO_ROOT / "dashboards" / name).read_text())
         uids.add(json.loads(text)["uid"])
-    assert uids == {"flotilla-fleet", "flotilla-model"}
+    assert uids == {"flotilla-fleet", "flotilla-model", "flotilla-pool"}
     assert not by_kind(render("default", "dashboards.enabled=false"), "ConfigMap")
 
 

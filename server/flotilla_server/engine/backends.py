@@ -89,11 +89,33 @@ class ThreadBackend:
             self._thread.join(timeout_s)
 
 
-class ProcessBackend:
-    """The engine in a `spawn`ed process; a pipe each way, a reader and a sender thread here."""
+# What a forkserver imports once, before it forks any engine: torch, the engine, and what torch imports
+# lazily on a first model build (engine/forkserver_preload.py): ~7 s of CPU on a 2-core box, against ~0.1 s
+# to fork, so that a multi-model server's every load skips them.
+FORKSERVER_PRELOAD = ("flotilla_server.engine.forkserver_preload",)
+START_METHODS = ("spawn", "forkserver")
 
-    def __init__(self, config: EngineConfig, options: EngineOptions, startup_timeout_s: float = 600.0) -> None:
+
+def start_forkserver() -> None:
+    """Start the forkserver now (it imports FORKSERVER_PRELOAD in the background), so that the first load is
+    as quick as the next; it exits with this process. Call it before any thread of this process is niced:
+    the forkserver, and every engine forked from it, inherit the caller's priority and environment."""
+    from multiprocessing import forkserver
+
+    mp.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    forkserver.ensure_running()
+
+
+class ProcessBackend:
+    """The engine in its own process, `spawn`ed or forked by the forkserver (start_forkserver); a pipe each
+    way, a reader and a sender thread here."""
+
+    def __init__(self, config: EngineConfig, options: EngineOptions, startup_timeout_s: float = 600.0,
+                 start_method: str = "spawn") -> None:
+        if start_method not in START_METHODS:
+            raise ValueError(f"start_method must be one of {', '.join(START_METHODS)}, got {start_method!r}")
         self._config, self._options = config, options
+        self._start_method = start_method
         self._startup_timeout_s = startup_timeout_s
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._conn: Any = None
@@ -103,7 +125,9 @@ class ProcessBackend:
     def start(self, on_update: OnUpdate, on_death: OnDeath) -> EngineInfo:
         from flotilla_server.engine.process_main import run_engine_process
 
-        ctx = mp.get_context("spawn")
+        if self._start_method == "forkserver":
+            start_forkserver()  # at once if already running
+        ctx = mp.get_context(self._start_method)
         parent, child = ctx.Pipe(duplex=True)
         self.process = ctx.Process(target=run_engine_process, args=(self._config, self._options, child),
                                    name=f"flotilla-engine[{self._config.model}]", daemon=True)

@@ -15,15 +15,18 @@ from flotilla_server.engine.messages import EngineInfo, EngineOptions
 
 
 def make_engine(config: EngineConfig, mode: EngineMode = "process", options: EngineOptions | None = None, *,
-                loaded: Any = None, stream_buffer_events: int = DEFAULT_STREAM_BUFFER_EVENTS) -> EngineClient:
-    """A client not yet started. `loaded` (a LoadedModel, inprocess only) reuses a model in memory (tests)."""
+                loaded: Any = None, stream_buffer_events: int = DEFAULT_STREAM_BUFFER_EVENTS,
+                start_method: str = "spawn") -> EngineClient:
+    """A client not yet started. `loaded` (a LoadedModel, inprocess only) reuses a model in memory (tests).
+    `start_method` (process mode): "spawn", or "forkserver" to fork from a process that imported torch once
+    (backends.start_forkserver; a multi-model server's loads)."""
     if mode not in ENGINE_MODES:
         raise ValueError(f"--engine-mode must be one of {', '.join(ENGINE_MODES)}, got {mode!r}")
     options = options or EngineOptions()
     if mode == "process":
         if loaded is not None:
             raise ValueError("a model already in memory can only be reused in the inprocess mode")
-        backend: Any = ProcessBackend(config, options)
+        backend: Any = ProcessBackend(config, options, start_method=start_method)
     else:
         backend = ThreadBackend(config, options, loaded)
     return EngineClient(backend, stream_buffer_events=stream_buffer_events)

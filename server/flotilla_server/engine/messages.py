@@ -51,8 +51,12 @@ class EngineOptions:
     """How the engine runs, apart from what it computes (EngineConfig)."""
 
     max_overtakes: int | None = None  # later arrivals admitted past a blocked head; None: max_num_seqs
-    nice: int = 0  # process mode: added to the engine process's niceness (a background model yields the CPU)
-    num_threads: int | None = None  # process mode: torch/OpenMP threads of the engine process; None: inherited
+    num_threads: int | None = None  # process mode: torch/OpenMP threads of the engine once loaded; None: inherited
+    # process mode: the model loads on a thread of its own, this much nicer and on this many torch threads;
+    # the engine loop then runs on the process's main thread, at its own priority and `num_threads`
+    # (a multi-model server's load must not starve the resident models: model_cache/engine_processes.py)
+    load_nice: int = 0
+    load_threads: int | None = None
     log_level: str = "info"
     step_hook: StepHook | None = None  # tests only
 

@@ -1,9 +1,16 @@
 """The engine process's entry point: load the model, say ready, then run the engine loop over a pipe.
 
-Started with the `spawn` method (a fresh interpreter: no copied locks, threads or CUDA state). It ignores
-SIGINT and SIGTERM, so Ctrl-C and a pod's SIGTERM drain through the HTTP process, and it exits when its
-pipe closes: a parent that was SIGKILLed leaves no orphan holding memory or a GPU. Torch loads only inside
-`run_engine_process`, after the thread count is set.
+Started with `spawn` (a fresh interpreter: no copied locks, threads or CUDA state), or, in a multi-model
+server, forked from a `forkserver` that imported torch once and never ran anything (engine/backends.py). It
+ignores SIGINT and SIGTERM, so Ctrl-C and a pod's SIGTERM drain through the HTTP process, and it exits
+when its pipe closes or its parent changes: a parent that was SIGKILLed leaves no orphan holding memory or
+a GPU. Under `spawn`, torch loads only inside `run_engine_process`, after the thread count is set.
+
+With `load_nice` or `load_threads` set, the model loads on a thread of its own at that lower priority and
+thread count, while the main thread waits; the main thread then runs the engine loop at the process's own
+priority. Linux keeps a nice value per thread, and an unprivileged thread can raise its own but never
+lower it again, so only a thread that exists for the load can be niced and the engine still run at full
+priority after it.
 """
 
 from __future__ import annotations
@@ -12,10 +19,15 @@ import logging
 import os
 import signal
 import sys
+import threading
 from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING
 
 from flotilla_server.engine.config import EngineConfig
 from flotilla_server.engine.messages import EngineFailed, EngineOptions
+
+if TYPE_CHECKING:
+    from flotilla_server.engine.loop import EngineLoop
 
 log = logging.getLogger("flotilla.engine")
 
@@ -33,8 +45,6 @@ class PipeInbox:
 
 def _watch_parent() -> None:
     """Exit when the parent dies even in the middle of a long step (the loop notices only between steps)."""
-    import threading
-
     parent = os.getppid()
 
     def watch() -> None:
@@ -46,26 +56,62 @@ def _watch_parent() -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+def _build(config: EngineConfig, options: EngineOptions) -> EngineLoop:
+    import torch
+
+    if options.num_threads is not None:
+        torch.set_num_threads(options.num_threads)
+    from flotilla_server.engine.loop import build_loop
+
+    return build_loop(config, options)
+
+
+def _load(config: EngineConfig, options: EngineOptions) -> EngineLoop:
+    """Build the engine on a thread niced by `load_nice` with `load_threads` torch threads; then give this
+    (the main, un-niced) thread the engine's own thread count back."""
+    outcome: list = []
+
+    def load() -> None:
+        try:
+            me = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, me, os.getpriority(os.PRIO_PROCESS, me) + options.load_nice)
+            import torch
+
+            outcome.append(options.num_threads or torch.get_num_threads())
+            if options.load_threads:
+                torch.set_num_threads(options.load_threads)
+            from flotilla_server.engine.loop import build_loop
+
+            outcome.append(build_loop(config, options))
+        except BaseException as e:  # raised again on the main thread
+            outcome[:] = [e]
+
+    loader = threading.Thread(target=load, name="flotilla-model-load")
+    loader.start()
+    loader.join()
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    threads, loop = outcome
+    import torch
+
+    torch.set_num_threads(threads)  # the global count, and OpenMP's for this thread, which runs the steps
+    return loop
+
+
 def run_engine_process(config: EngineConfig, options: EngineOptions, conn: Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if options.nice:
-        os.nice(options.nice)
     if options.num_threads is not None:
-        os.environ["OMP_NUM_THREADS"] = str(options.num_threads)
+        os.environ["OMP_NUM_THREADS"] = str(options.num_threads)  # read once, when torch loads OpenMP
     _watch_parent()
     try:
-        import torch
-
-        if options.num_threads is not None:
-            torch.set_num_threads(options.num_threads)
-        from flotilla_server.engine.loop import build_loop, serve_inbox
-
-        loop = build_loop(config, options)
+        loop = _load(config, options) if options.load_nice or options.load_threads else _build(config, options)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         conn.send(EngineFailed(str(e)))
         sys.exit(1)
+    from flotilla_server.engine.loop import serve_inbox
+
     conn.send(loop.info(os.getpid()))
     try:
         serve_inbox(loop, PipeInbox(conn), conn.send)

@@ -136,6 +136,23 @@ class PoolFront:
         if not done.wait(_EVICT_HANDOFF_S):
             log.warning("model %s: its lane was not dropped within %.0f s; unloading anyway", name, _EVICT_HANDOFF_S)
 
+    def engine_died(self, name: str) -> None:
+        """Cache hook, on the dead engine's thread: count it, and drop the model's lane (its requests have
+        failed; a reload makes a new lane)."""
+        self.metrics.engine_deaths.labels(name).inc()
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            self.lanes.pop(name, None)
+            return
+
+        async def drop() -> None:
+            lane = self.lanes.get(name)
+            if lane is not None and not lane.handle.engine.alive:
+                del self.lanes[name]
+                await stop_serving(lane.state)
+
+        loop.call_soon_threadsafe(lambda: loop.create_task(drop()))
+
     # --- ASGI -----------------------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -3,7 +3,8 @@
 Each model keeps one ServerMetrics (its own registry) for the server's life, so its counters survive an
 eviction and a reload; the exposition merges every model's families into one (a family name may appear
 only once in the text format). The cache's series (flotilla_contract.metrics: load seconds, evictions,
-resident models, LRU age, requests per model) are read or counted here (docs/serving.md, "Multi-model mode").
+engine deaths, resident models, LRU age, requests per model) are read or counted here (docs/serving.md,
+"Multi-model mode").
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ class PoolMetrics:
                                       buckets=_LOAD_BUCKETS_S, registry=r)
         self.evictions = Counter(names.MODEL_EVICTIONS, "Models unloaded to make room (or gone from the list).",
                                  [names.MODEL_LABEL], registry=r)
+        self.engine_deaths = Counter(names.MODEL_ENGINE_DEATHS, "Loaded models whose engine stopped by itself "
+                                     "(a crash, a killed process); each went back to available.",
+                                     [names.MODEL_LABEL], registry=r)
         self.requests = Counter(names.MODEL_REQUESTS, "Generation requests that named each model, by what the "
                                 "server did before the model's own queue: routed, or refused and why.",
                                 [names.MODEL_LABEL, "outcome"], registry=r)
@@ -83,4 +87,5 @@ class PoolMetrics:
             for outcome in REQUEST_OUTCOMES:
                 self.requests.labels(name, outcome)
             self.evictions.labels(name)
+            self.engine_deaths.labels(name)
         return m

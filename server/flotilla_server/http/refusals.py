@@ -44,4 +44,7 @@ def abort_message(reason: str | None) -> tuple[str, str]:
     if reason == "slow_client":
         return ("The client read the stream too slowly and its buffer filled: the request was cancelled. "
                 "Read the stream as it arrives."), "slow_client"
+    if reason == "engine_error":  # its process died or its loop failed (a multi-model server reloads the model)
+        return ("The engine serving this model stopped before this request finished (its process died or "
+                "failed): retry the request."), "engine_error"
     return f"Generation was aborted ({reason or 'unknown reason'}).", reason or "aborted"

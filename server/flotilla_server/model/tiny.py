@@ -7,6 +7,7 @@ description, a warning on load) says so. Building it is deterministic and takes 
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from itertools import pairwise
 
@@ -72,6 +73,20 @@ def build_byte_bpe(corpus: str = _CORPUS, num_merges: int = NUM_MERGES,
     """A byte-level BPE of 256 + `num_merges` tokens whose merges are learned deterministically from
     `corpus` (ties broken by the pair's text), so the same arguments always give the same tokenizer.
     Special tokens take the ids after that; `bos`, if given, is prepended by the post-processor."""
+    vocab, merges = _learn_merges(corpus, num_merges)
+    tok = HFTokenizer(models.BPE(vocab=dict(vocab), merges=list(merges)))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(special_tokens))
+    if bos is not None:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
+        )
+    return tok
+
+
+@functools.cache  # 0.2-0.9 s of Python per build; a multi-model server's forkserver learns them once
+def _learn_merges(corpus: str, num_merges: int) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, str], ...]]:
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {ch: i for i, ch in enumerate(alphabet)}
     pre = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -88,15 +103,7 @@ def build_byte_bpe(corpus: str = _CORPUS, num_merges: int = NUM_MERGES,
         merges.append(best)
         vocab.setdefault(best[0] + best[1], len(vocab))  # two merge paths may spell the same token
         words = Counter({_merge(word, best): c for word, c in words.items()})
-    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges))
-    tok.pre_tokenizer = pre
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(list(special_tokens))
-    if bos is not None:
-        tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, tok.token_to_id(bos))]
-        )
-    return tok
+    return tuple(vocab.items()), tuple(merges)
 
 
 def _merge(word: tuple[str, ...], pair: tuple[str, str]) -> tuple[str, ...]:

@@ -2,10 +2,11 @@
 
 Requests reach a model through `acquire` (on the event loop) and give it back with `release`; a model with
 holders is busy and never evicted. Loads run one at a time on one worker thread, so the event loop never
-waits on a load; the heavy part (reading weights) is the engines' business, and the in-process engines do
-it in a niced helper process on one thread, so resident models keep their CPU and the GIL while another
-model loads. The worker itself is not niced: a niced thread holding the GIL would stall the engines. What to evict is `policy.decide_load`'s answer, never decided here
-(docs/architecture.md, "Model cache"). Engines are started and stopped only through `engines.Engines`.
+waits on a load; the heavy part (reading weights) is the engines' business, and engine_processes.py does
+it in the new model's own process, niced and on one thread, so resident models keep their CPU. The worker
+itself is not niced: it holds the GIL of the HTTP side now and then. What to evict is `policy.decide_load`'s
+answer, never decided here (docs/architecture.md, "Model cache"). Engines are started and stopped only
+through `engines.Engines`; an engine that dies by itself sends its model back to `available`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from flotilla_server.model_cache.engines import Engines, ModelEngine
 from flotilla_server.model_cache.policy import Action, Resident, decide_load
@@ -31,6 +33,7 @@ from flotilla_server.model_cache.status import (
     ModelStatus,
     UnknownModel,
 )
+from flotilla_server.model_cache.threads import most_resident
 
 log = logging.getLogger("flotilla.model_cache")
 
@@ -282,7 +285,7 @@ class ModelCache:
         log.info("loading model %s from %s", name, entry.spec.source)
         start_s = time.monotonic()
         try:
-            handle = self.engines.load(name, entry.spec.source)
+            handle = self.engines.load(name, entry.spec.source, self._models_at_once())
         except Exception as e:  # a broken model must fail its requests, never the worker
             log.exception("model %s failed to load", name)
             with self._cond:
@@ -291,14 +294,39 @@ class ModelCache:
             return
         load_s = time.monotonic() - start_s
         self.hooks.load_seconds(load_s)
-        log.info("model %s loaded in %.2f s (%d bytes)", name, load_s, handle.memory_bytes)
+        log.info("model %s loaded in %.2f s (%d bytes; engine process %d)", name, load_s, handle.memory_bytes,
+                 handle.engine.pid)
         with self._cond:
             entry.handle, entry.state = handle, LOADED
             entry.loaded_at_s = self._clock()
             waiters, entry.waiters = entry.waiters, []
             self._cond.notify_all()
+        handle.engine.add_death_listener(partial(self._engine_died, name, handle))
+        if not handle.engine.alive:  # it died before the listener was there
+            self._engine_died(name, handle, "the engine stopped right after its start")
         for loop, future in waiters:
             loop.call_soon_threadsafe(_resolve, future, handle, None)
+
+    def _engine_died(self, name: str, handle: ModelEngine, what: str) -> None:
+        """Death listener (the dead engine's reader thread). Its requests have already failed (engine_error);
+        the model goes back to `available`, so its memory leaves the budget and its next request loads it
+        again. An engine that was being unloaded is not told of its own end (EngineClient.shutdown)."""
+        with self._cond:
+            entry = self._entries.get(name)
+            if entry is None or entry.handle is not handle:
+                return  # already unloaded, or told twice
+            entry.handle, entry.state = None, AVAILABLE
+            if not entry.listed and entry.users == 0:
+                del self._entries[name]
+            self._cond.notify_all()
+        log.error("model %s: its engine stopped (%s); its requests in flight failed, its %d bytes left the "
+                  "memory budget, and its next request loads it again", name, what, handle.memory_bytes)
+        self.hooks.engine_died(name)
+        handle.engine.shutdown()  # reaps the process and closes its pipe
+
+    def _models_at_once(self) -> int:
+        with self._cond:
+            return most_resident(self.budget_bytes, [e.footprint_bytes for e in self._entries.values() if e.listed])
 
     def _fail(self, entry: _Entry, error: Exception) -> None:
         waiters, entry.waiters = entry.waiters, []

@@ -4,15 +4,21 @@ implementation the CLI picks (docs/architecture.md, "Model cache").
 A load starts an engine process (engine/factory.make_engine) that reads the weights, builds its fixed KV
 pool and serves through its EngineClient; an unload shuts that process down, so the operating system takes
 back every byte of it: no reference cycles, no allocator caches to empty. The loading process shares no
-GIL with the resident models' engines (each in its own process) nor with the HTTP loop, so the old niced
-weights helper is gone; `options` (EngineOptions: nice, num_threads) applies to every model's process.
-The "inprocess" mode runs each engine on a thread of this process instead (tests, and machines where a
-process per model costs too much).
+GIL with the resident models' engines (each in its own process) nor with the HTTP loop.
+
+Rules for a load, so that it does not starve the resident models:
+- engine processes are forked from a forkserver that imported torch once (engine/backends.py): a load pays
+  for its own model only, not for 3 s of CPU importing torch at full priority;
+- the model loads on a thread niced by LOAD_NICE, on LOAD_THREADS torch thread(s); once loaded, the engine
+  steps on its process's main thread, at normal priority, on its share of the CPU threads (threads.py).
+The "inprocess" mode runs each engine on a thread of this process instead, at the server's priority and
+thread count (tests, and machines where a process per model costs too much).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +27,12 @@ from flotilla_server.engine.messages import EngineOptions
 from flotilla_server.model.config import ModelConfig
 from flotilla_server.model_cache.engines import ModelEngine
 from flotilla_server.model_cache.footprint import DTYPE_BYTES, kv_block_bytes, model_bytes, parameter_count
+from flotilla_server.model_cache.threads import engine_threads
+
+# A load's CPU weight against a resident engine's: nice 10 is 110 against 1024 (Linux CFS), so a core that
+# both want goes ~90% to the resident model, and an idle core still goes wholly to the load.
+LOAD_NICE = 10
+LOAD_THREADS = 1
 
 
 def source_config(source: str) -> ModelConfig:
@@ -39,15 +51,22 @@ def source_config(source: str) -> ModelConfig:
 class EngineProcesses:
     """One engine per loaded model: its own process (mode "process") or its own thread ("inprocess")."""
 
-    def __init__(self, config: EngineConfig, mode: str = "process", options: EngineOptions | None = None) -> None:
+    def __init__(self, config: EngineConfig, mode: str = "process", options: EngineOptions | None = None,
+                 cpu_threads: int | None = None) -> None:
         if config.kv_cache_memory_bytes is None and config.num_kv_blocks is None:
             raise ValueError("multi-model mode needs a fixed KV pool per model: set --kv-cache-memory")
         self.config = config
         self.mode = mode
         self.options = options or EngineOptions()
+        # the threads left to engines: OMP_NUM_THREADS (the CLI's default leaves a core to the event loop)
+        self.cpu_threads = cpu_threads or int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)))
 
     def start(self) -> None:
-        """Nothing to start ahead: each load starts its own engine."""
+        """Start the forkserver (process mode): it imports torch now, in the background, not in the first load."""
+        if self.mode == "process":
+            from flotilla_server.engine.backends import start_forkserver
+
+            start_forkserver()
 
     def close(self) -> None:
         """Nothing shared to stop: each unload stopped its engine."""
@@ -57,13 +76,18 @@ class EngineProcesses:
         return model_bytes(source_config(source), c.dtype, c.block_size, c.num_kv_blocks,
                            c.kv_cache_memory_bytes or 0)
 
-    def load(self, name: str, source: str) -> ModelEngine:
+    def load(self, name: str, source: str, models_at_once: int = 1) -> ModelEngine:
         from flotilla_server.engine.client import EngineStartError
         from flotilla_server.engine.factory import make_engine
 
         model_config = source_config(source)  # ValueError on an unusable source, before a process starts
         config = replace(self.config, model=source)
-        engine = make_engine(config, self.mode, self.options)  # type: ignore[arg-type]
+        if self.mode == "process":
+            options = replace(self.options, load_nice=LOAD_NICE, load_threads=LOAD_THREADS,
+                              num_threads=engine_threads(self.cpu_threads, models_at_once))
+            engine = make_engine(config, "process", options, start_method="forkserver")
+        else:
+            engine = make_engine(config, "inprocess", self.options)
         try:
             info = engine.start()
         except EngineStartError as e:

@@ -33,8 +33,9 @@ class Engines(Protocol):
     def footprint_bytes(self, source: str) -> int:
         """Memory the model will hold once loaded, before loading it; ValueError if the source is unusable."""
 
-    def load(self, name: str, source: str) -> ModelEngine:
-        """Load and start; runs on the cache's load worker, never on the event loop."""
+    def load(self, name: str, source: str, models_at_once: int = 1) -> ModelEngine:
+        """Load and start; runs on the cache's load worker, never on the event loop. `models_at_once`: how
+        many models the budget can hold together (threads.most_resident), which share the CPU threads."""
 
     def unload(self, handle: ModelEngine) -> None:
         """Stop the engine and free its memory; the caller has dropped every other reference to it."""

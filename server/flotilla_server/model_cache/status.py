@@ -44,3 +44,4 @@ class CacheHooks:
     evicting: Callable[[str], None] = lambda name: None  # drop everything that holds this model's engine
     load_seconds: Callable[[float], None] = lambda s: None
     evicted: Callable[[str], None] = lambda name: None
+    engine_died: Callable[[str], None] = lambda name: None  # on the engine's thread; the model is available again

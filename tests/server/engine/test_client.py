@@ -164,7 +164,8 @@ async def test_an_abort_between_plan_and_execute_leaves_the_others_exact(llama, 
 
 
 async def test_two_engine_processes_in_one_server_and_one_shut_down_frees_its_process(llama, engine_factory) -> None:
-    first, second = engine_factory("process"), engine_factory("process", options=EngineOptions(nice=5, num_threads=1))
+    first = engine_factory("process")
+    second = engine_factory("process", options=EngineOptions(load_nice=5, load_threads=1, num_threads=1))
     assert first.pid != second.pid and first.pid != 0
     second.shutdown()
     assert not Path(f"/proc/{second.pid}").exists() or "Z" in Path(f"/proc/{second.pid}/stat").read_text().split()[2]

@@ -1,5 +1,6 @@
 """A real multi-model flotilla-server on CPU: three small models, a memory budget that holds two, requests
-that cycle through all three (docs/serving.md, "Multi-model mode").
+that cycle through all three (docs/serving.md, "Multi-model mode"); a killed engine process; the pool
+dashboard and the thrash alert over a real Prometheus scraping this server (docs/pools.md).
 
 One server process serves every test here (start-up dominates on a shared CPU). The figures the step-rate
 test measures (resident step rate idle and while another model loads, the TTFT rise) are printed; run
@@ -9,20 +10,29 @@ test measures (resident step rate idle and while another model loads, the TTFT r
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import socket
 import statistics
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 from flotilla_server.engine.config import EngineConfig
-from flotilla_server.model_cache.engine_processes import EngineProcesses
+from flotilla_server.model_cache.engine_processes import LOAD_NICE, EngineProcesses
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.chart.dashboard_queries import load_dashboards
+from tests.chart.render import CHART
 from tests.server.http.server_process import ServerProcess, run_server
+from tests.support.dashboard_eval import failing_queries
 from tests.support.hf_models import make_hf_model_dir
+from tests.support.prometheus import RealPrometheus, Target
 
 pytestmark = pytest.mark.serial  # step-rate ratios while a model loads
 
@@ -137,20 +147,23 @@ def test_a_model_that_can_never_fit_and_an_unknown_model_are_refused_at_once(poo
 
 
 def test_resident_models_keep_stepping_while_another_model_loads(pool):
-    """Resident step rate while `big` loads >= 50% of the rate with no load going on, in the same run."""
+    """While other models load, the resident model's engine steps at >= 50% of its rate with no load going on,
+    in the same run. Three loads (big, small, big again), each between idle windows, pooled: a co-tenant's
+    burst on a shared box then moves one window, not the comparison. Steps are the engine's own count
+    (/metrics), sampled every 0.1 s. The loading thread runs niced; once loaded, no engine thread is. The
+    TTFT rise is printed."""
     ask(pool, "small")
     ask(pool, "tiny")  # resident: small, tiny; big is evicted (least recently used)
     assert model_states(pool)["big"] == "available"
-    arrivals: list[float] = []
+    samples: list[Sample] = []
     probes: list[tuple[float, float]] = []  # (sent, time to first token) of short requests to tiny
     stop = threading.Event()
 
-    def stream() -> None:  # one long decode on tiny at a time: one token per engine step
+    def stream() -> None:  # one long decode on tiny at a time: one engine step per token
         while not stop.is_set():
             chunks = client(pool).completions.create(model="tiny", prompt="The sea", max_tokens=2000, stream=True,
                                                      extra_body={"ignore_eos": True})
             for _ in chunks:
-                arrivals.append(time.monotonic())
                 if stop.is_set():
                     chunks.response.close()
                     return
@@ -163,39 +176,95 @@ def test_resident_models_keep_stepping_while_another_model_loads(pool):
                 break
             time.sleep(0.1)
 
-    window: list[float] = []
-
-    def watch() -> None:  # the load window, as /v1/models shows it; polls through both windows alike
+    def sample() -> None:  # the same requests and /proc reads through every window
         while not stop.is_set():
-            state = model_states(pool)["big"]
-            if state == "loading" and not window:
-                window.append(time.monotonic())
-            if state == "loaded" and len(window) == 1:
-                window.append(time.monotonic())
-            time.sleep(0.05)
+            text = httpx.get(f"{pool.base_url}/metrics", timeout=10).text
+            steps, loading = 0.0, False
+            for family in text_string_to_metric_families(text):
+                for s in family.samples:
+                    if s.name == "flotilla_step_duration_seconds_count" and s.labels["model"] == "tiny":
+                        steps = s.value
+                    if s.name == "flotilla_model_state" and s.labels["state"] == "loading" and s.value == 1:
+                        loading = True
+            samples.append(Sample(time.monotonic(), steps, loading, max(engine_thread_nices(pool), default=0)))
+            time.sleep(0.1)
 
-    threads = [threading.Thread(target=f) for f in (stream, probe, watch)]
+    threads = [threading.Thread(target=f) for f in (stream, probe, sample)]
     for t in threads:
         t.start()
-    time.sleep(3.0)  # idle window: no load going on
-    idle_end = time.monotonic()
-    ask(pool, "big", max_tokens=1)  # evicts small (least recently used), loads big
-    time.sleep(0.2)
+    time.sleep(IDLE_WINDOW_S + 0.5)  # the stream is under way
+    for name in ("big", "small", "big"):  # each evicts the other idle model (tiny is busy), then loads
+        ask(pool, name, max_tokens=1)
+        time.sleep(IDLE_WINDOW_S + 0.2)
     stop.set()
     for t in threads:
         t.join(30)
-    assert len(window) == 2, "the load was never seen in the load report"
-    load_start, load_end = window
-    idle_start = idle_end - 2.0
-    idle_rate = sum(idle_start <= t < idle_end for t in arrivals) / (idle_end - idle_start)
-    load_rate = sum(load_start <= t < load_end for t in arrivals) / (load_end - load_start)
-    idle_ttft = [d for s, d in probes if idle_start <= s < idle_end]
-    load_ttft = [d for s, d in probes if load_start <= s < load_end]
-    print(f"\nresident step rate: idle {idle_rate:.0f}/s, while big loads ({load_end - load_start:.2f} s) "
-          f"{load_rate:.0f}/s = {load_rate / idle_rate:.0%}; TTFT of tiny: idle median "
-          f"{statistics.median(idle_ttft) * 1000:.0f} ms, during the load "
-          f"{statistics.median(load_ttft) * 1000 if load_ttft else float('nan'):.0f} ms ({len(load_ttft)} probes)")
-    assert idle_rate > 0 and load_rate >= 0.5 * idle_rate
+    loads = load_windows(samples)
+    assert loads, "no load was seen in /metrics"
+    idles = [(start - IDLE_WINDOW_S, start) for start, _ in loads] + [(loads[-1][1], loads[-1][1] + IDLE_WINDOW_S)]
+    idle, during = pooled_step_rate(samples, idles), pooled_step_rate(samples, loads)
+    idle_ttft = [d for s, d in probes if any(a <= s < b for a, b in idles)]
+    load_ttft = [d for s, d in probes if any(a <= s < b for a, b in loads)]
+    print(f"\nresident step rate: idle {idle:.0f}/s, while {len(loads)} loads ran "
+          f"({sum(b - a for a, b in loads):.2f} s) {during:.0f}/s = {during / idle:.0%}; TTFT of tiny: idle "
+          f"median {statistics.median(idle_ttft) * 1000:.0f} ms, during the loads "
+          f"{statistics.median(load_ttft) * 1000 if load_ttft else float('nan'):.0f} ms ({len(load_ttft)} probes); "
+          f"highest nice of an engine thread while loading {max(x.nice for x in samples if x.loading)}")
+    assert idle > 0 and during >= 0.5 * idle
+    assert max(x.nice for x in samples if x.loading) == LOAD_NICE  # a loading thread
+    assert max(engine_thread_nices(pool)) == 0  # every engine steps at normal priority once loaded
+
+
+IDLE_WINDOW_S = 2.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    t: float  # monotonic seconds
+    steps: float  # tiny's engine steps so far
+    loading: bool  # some model was loading
+    nice: int  # the highest nice value of an engine thread
+
+
+def load_windows(samples: list[Sample]) -> list[tuple[float, float]]:
+    """(first sample loading, first sample not loading after it) for each run of loading samples."""
+    windows, start = [], None
+    for x in samples:
+        if x.loading and start is None:
+            start = x.t
+        elif not x.loading and start is not None:
+            windows.append((start, x.t))
+            start = None
+    return windows
+
+
+def pooled_step_rate(samples: list[Sample], windows: list[tuple[float, float]]) -> float:
+    """Steps per second over all the windows together, each measured between its first and last sample;
+    a window with fewer than two samples counts nothing."""
+    steps, seconds = 0.0, 0.0
+    for start, end in windows:
+        inside = [x for x in samples if start <= x.t <= end]
+        if len(inside) >= 2:
+            steps += inside[-1].steps - inside[0].steps
+            seconds += inside[-1].t - inside[0].t
+    assert seconds > 0, f"no window of {windows} held two samples"
+    return steps / seconds
+
+
+def engine_thread_nices(server: ServerProcess) -> list[int]:
+    """The nice value of every thread of every engine process (the server's descendants but itself)."""
+    nices = []
+    for pid in _children(server.proc.pid):
+        try:
+            tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        except OSError:
+            continue  # exited meanwhile
+        for task in tasks:
+            try:
+                nices.append(int((task / "stat").read_text().rsplit(")", 1)[1].split()[16]))
+            except (OSError, IndexError, ValueError):
+                continue
+    return nices
 
 
 def test_five_load_unload_cycles_do_not_grow_rss(pool):
@@ -224,9 +293,15 @@ def test_a_client_that_leaves_while_its_model_loads_gives_up_its_claim(pool):
     ask(pool, "tiny")
     ask(pool, "small")  # big is not loaded
     assert model_states(pool)["big"] == "available"
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{pool.base_url}/v1/completions", json={"model": "big", "prompt": "Hi", "max_tokens": 2},
-                   timeout=0.5)
+    body = json.dumps({"model": "big", "prompt": "Hi", "max_tokens": 2}).encode()
+    url = httpx.URL(pool.base_url)
+    with socket.create_connection((url.host, url.port), timeout=10) as sock:  # to leave at a moment of our choosing
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        deadline = time.monotonic() + 30
+        while (state := model_states(pool)["big"]) != "loading":  # its load takes an eviction and a load
+            assert state == "available", "the load finished before the client could leave"
+            assert time.monotonic() < deadline, "the load never started"
     deadline = time.monotonic() + 60
     while pool_model(pool, "big")["waiting"] or model_states(pool)["big"] != "loaded":
         assert time.monotonic() < deadline, "the claim was never given back, or the load never finished"
@@ -238,3 +313,100 @@ def test_a_client_that_leaves_while_its_model_loads_gives_up_its_claim(pool):
 def pool_model(server: ServerProcess, name: str) -> dict:
     report = httpx.get(f"{server.base_url}/flotilla/v1/load", timeout=10).json()
     return next(m for m in report["models"] if m["name"] == name)
+
+
+def test_a_killed_engine_fails_its_requests_and_its_model_is_loaded_again(pool):
+    """SIGKILL one model's engine process: its requests end with a 5xx engine_error at once (none hangs), the
+    model is `available` again with its memory out of the budget, the death is counted and logged, and the
+    next request loads it again in a new process."""
+    ask(pool, "tiny")
+    engine = int(re.findall(r"model tiny loaded in .* engine process (\d+)", pool.log())[-1])
+    free_before = httpx.get(f"{pool.base_url}/flotilla/v1/load", timeout=10).json()["memory_free_bytes"]
+    body = {"model": "tiny", "prompt": "The engine dies", "max_tokens": 1500, "ignore_eos": True}
+    answers: dict[str, object] = {}
+    first_token = threading.Event()
+
+    def whole() -> None:
+        answers["json"] = httpx.post(f"{pool.base_url}/v1/completions", json=body, timeout=60)
+
+    def streamed() -> None:
+        with httpx.stream("POST", f"{pool.base_url}/v1/completions", json={**body, "stream": True},
+                          timeout=60) as r:
+            lines = []
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    lines.append(line)
+                    first_token.set()
+        answers["stream"] = lines[-2:]
+
+    threads = [threading.Thread(target=f) for f in (whole, streamed)]
+    for t in threads:
+        t.start()
+    assert first_token.wait(60)
+    deadline = time.monotonic() + 30
+    while pool_model(pool, "tiny")["running"] < 2:
+        assert time.monotonic() < deadline, "both requests never ran"
+        time.sleep(0.05)
+    killed_s = time.monotonic()
+    os.kill(engine, signal.SIGKILL)
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive(), "a request hung after its engine died"
+    assert time.monotonic() - killed_s < 10
+    whole_answer = answers["json"]
+    assert whole_answer.status_code == 500, whole_answer.text
+    error = whole_answer.json()["error"]
+    assert error["code"] == "engine_error" and "stopped before this request finished" in error["message"]
+    ending = answers["stream"]
+    assert '"engine_error"' in ending[0] and ending[1] == "data: [DONE]", ending
+    deadline = time.monotonic() + 10
+    while model_states(pool)["tiny"] != "available":
+        assert time.monotonic() < deadline, "the dead model never went back to available"
+        time.sleep(0.05)
+    load = httpx.get(f"{pool.base_url}/flotilla/v1/load", timeout=10).json()
+    assert load["memory_free_bytes"] == free_before + pool.footprints["tiny"]
+    text = httpx.get(f"{pool.base_url}/metrics", timeout=10).text
+    deaths = {s.labels["model"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+              if s.name == "flotilla_model_engine_deaths_total"}
+    assert deaths["tiny"] == 1 and deaths["big"] == 0
+    assert "model tiny: its engine stopped" in pool.log()
+    ask(pool, "tiny")  # loaded again, in a new process
+    assert int(re.findall(r"model tiny loaded in .* engine process (\d+)", pool.log())[-1]) != engine
+
+
+RULES = CHART / "files" / "prometheus-rules.yaml"
+POOL_LABELS = {"namespace": "team-a", "pool": "shared", "pod": "shared-0"}  # as a pool's ServiceMonitor adds them
+# Panels the cycling below must move, not merely create.
+POOL_MUST_BE_NONZERO = {"Resident models per pod", "Evictions/s by model", "Load time", "Loads/s"}
+
+
+def test_the_pool_dashboard_and_the_thrash_alert_evaluate_against_a_real_prometheus(pool):
+    """A real Prometheus scrapes this server, labelled as a pool pod, and loads the chart's alert rules. While
+    requests cycle three models through a budget for two, every panel of the pool dashboard has data, and
+    FlotillaModelPoolThrashing's condition holds (pending: it needs 15 minutes to fire)."""
+    dashboard = load_dashboards()["flotilla-pool.json"]
+    stop = threading.Event()
+
+    def thrash() -> None:  # each request evicts the least recently used of the other two models
+        while not stop.is_set():
+            for name in ("tiny", "small", "big"):
+                ask(pool, name, max_tokens=1)
+
+    with RealPrometheus(scrape_interval_s=1.0, rule_files=[RULES]) as prometheus:
+        prometheus.set_targets([Target(pool.base_url.removeprefix("http://"), POOL_LABELS)])
+        prometheus.wait_for("sum(flotilla_models_resident)")
+        cycling = threading.Thread(target=thrash)
+        cycling.start()
+        try:
+            deadline = time.monotonic() + 60
+            failures, pending = ["not evaluated yet"], []
+            while (failures or not pending) and time.monotonic() < deadline:
+                time.sleep(2)  # scrapes and rule evaluations
+                failures = failing_queries(prometheus, [dashboard], POOL_MUST_BE_NONZERO)
+                pending = prometheus.query('ALERTS{alertname="FlotillaModelPoolThrashing"}')
+        finally:
+            stop.set()
+            cycling.join(60)
+        assert not failures, "pool dashboard queries without data:\n" + "\n".join(failures)
+        assert [labels["alertstate"] for labels, _ in pending] == ["pending"]
+        assert {k: pending[0][0][k] for k in POOL_LABELS} == POOL_LABELS
