@@ -37,9 +37,9 @@ KV_BYTES = 4 * 2**20
 WORKERS = 4
 DURATION_S = float(os.environ.get("FLOTILLA_POOL_E2E_S", "45"))
 MIN_RESIDENCY_S = 5  # short, so a short run sees evictions (the server's default is 60 s)
-# each member's engine on a thread of the server (a load is then a model build, not a process start): `make
-# test`'s short run sees more loads; FLOTILLA_POOL_E2E_ENGINE=process runs the servers' default
-ENGINE_MODE = os.environ.get("FLOTILLA_POOL_E2E_ENGINE", "inprocess")
+# each member's engine in its own process, forked from the server's forkserver (the servers' default);
+# FLOTILLA_POOL_E2E_ENGINE=inprocess runs them on threads of the server instead
+ENGINE_MODE = os.environ.get("FLOTILLA_POOL_E2E_ENGINE", "process")
 
 
 @dataclass

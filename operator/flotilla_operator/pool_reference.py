@@ -140,8 +140,9 @@ MEASURED = """
 
 `e2e/test_pool.py` runs the whole loop (emulated API, real operator, pod runner, real Prometheus, real
 multi-model servers, the gateway): a pool of one replica (`maxReplicas: 1`) at zero with four cost-first
-`tiny` members and the memory budget for two (2.5 footprints; `--min-residency-s 5`, each member's engine on a
-thread of the server), a latency-first model naming the same pool beside it. Four closed-loop clients send a
+`tiny` members and the memory budget for two (2.5 footprints; `--min-residency-s 5`, each member's engine in a
+process of its own, forked from the server's forkserver), a latency-first model naming the same pool
+beside it. Four closed-loop clients send a
 Zipf-popular mix (weights 1, 1/2, 1/3, 1/4; 8 streamed tokens each) through the gateway. A request is *cold*
 when its model was not loaded, at some 0.1 s sample of the pod's load report, between its sending and its
 first token (it waited for a load, or for an eviction to make room).
@@ -158,22 +159,24 @@ FLOTILLA_POOL_E2E_S=180 .venv/bin/pytest e2e/test_pool.py -s   # prints the figu
 """
 
 FIGURES = """\
-A 180 s run on the shared 2-core development box (load average 7–15 from other sessions' tests):
+A 180 s run, 2026-12-01 03:51–03:57 UTC, on the shared 2-core development box at load average 11–17 (other
+sessions' tests and benchmarks: every figure here is slower than on a quiet machine):
 
 | figure | value |
 |---|---|
-| requests (zm1, zm2, zm3, zm4) | 310 (155, 69, 57, 29) |
+| requests (zm1, zm2, zm3, zm4) | 192 (101, 43, 34, 14) |
 | failures | 0 |
-| first request, pool at zero, to first token (pod start and first load) | 40.2 s |
-| cold requests (waited for a load or an eviction) | 136 |
-| cold TTFT p50 / max | 3.40 s / 8.45 s |
-| evictions | 54 |
-| mean load time (`flotilla_model_load_seconds`) | 0.77 s |
+| first request, pool at zero, to first token (pod start and first load) | 73.3 s |
+| cold requests (waited for a load or an eviction) | 90 |
+| cold TTFT p50 / max | 5.62 s / 12.62 s |
+| evictions | 40 |
+| mean load time (`flotilla_model_load_seconds`) | 2.74 s |
 
 A cold request waits for more than the load itself: for a victim to go idle and past `--min-residency-s`.
-With each member's engine in its own process (the servers' default; `FLOTILLA_POOL_E2E_ENGINE=process`), a
-load starts a process that imports torch and costs far more on this box: a 45 s run had 22 requests, 0
-failures, 12 cold requests with TTFT p50 20.3 s and max 44.5 s, 4 evictions, and a mean load of 11.8 s."""
+The same test at 45 s, at load average 12–15: 92 requests, 0 failures, 37 cold with TTFT p50 4.43 s and
+max 7.41 s, 16 evictions, a mean load of 0.80 s. Before loads forked from the server's forkserver (each
+engine process imported torch itself), a 45 s run measured a mean load of 11.8 s and a cold TTFT p50 of
+20.3 s."""
 
 
 def render() -> str:
