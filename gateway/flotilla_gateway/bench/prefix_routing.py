@@ -13,7 +13,7 @@ tokenizer keeps one token each), each request a random tenant's prompt plus a un
 finds another's blocks cached):
 - `prefix`: through the gateway, the model's `spec.routing.policy: prefix`;
 - `round-robin`: straight to the replicas in turn, as a Kubernetes Service in IPVS round-robin mode does
-  (the gateway has no round-robin policy, and the bench must not route by itself).
+  (the gateway has no round-robin policy; the bench reimplements none of the gateway's routing).
 Figures per run: the servers' own prefix hit rate (hit ÷ queried prompt tokens, from /metrics), client
 TTFT (to the first streamed token), and in-flight per replica (running + waiting, sampled from each
 server's load report) as max ÷ mean of the replicas' time averages. The summary is the median per arm.
@@ -39,19 +39,20 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from flotilla_contract.flags import DEFAULT_BLOCK_SIZE
 from flotilla_contract.labels import TENANT_HEADER
 from flotilla_contract.load import LOAD_PATH, ServerLoad
 from flotilla_contract.metrics import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
 from prometheus_client.parser import text_string_to_metric_families
 
 from flotilla_gateway.bench.overhead import _free_port, _percentile, _process, _wait_http
+from flotilla_gateway.bench.prefix_routing_plot import plot
 from flotilla_gateway.bench.stub_api import StubModel, serve_stub
-from flotilla_gateway.routing import PodView, choose, routing_key
+from flotilla_gateway.bench.tenant_placement import home_pods, placements
 
 MODEL = "tiny"
 ARMS = ("prefix", "round-robin")
 ALPHABET = string.ascii_uppercase + string.digits + " "  # no BPE merges in tiny's tokenizer: one token a character
-BLOCK_SIZE = 16  # the server's default --block-size
 TEMPLATE_TOKENS = 24  # tiny's chat template around a system and a user message, rounded up
 SAMPLE_INTERVAL_S = 0.1
 
@@ -76,8 +77,8 @@ def workload(args: argparse.Namespace, seed: int) -> list[Request]:
 
 def default_kv_blocks(args: argparse.Namespace) -> int:
     """About two system prompts' blocks, plus the own blocks (question, template, output) of a full batch."""
-    prompt_blocks = -(-args.system_tokens // BLOCK_SIZE)
-    own_blocks = -(-(args.question_tokens + TEMPLATE_TOKENS + args.output_tokens) // BLOCK_SIZE) + 1
+    prompt_blocks = -(-args.system_tokens // DEFAULT_BLOCK_SIZE)
+    own_blocks = -(-(args.question_tokens + TEMPLATE_TOKENS + args.output_tokens) // DEFAULT_BLOCK_SIZE) + 1
     return 2 * prompt_blocks + args.slots * own_blocks
 
 
@@ -116,15 +117,17 @@ async def _sample_in_flight(session: aiohttp.ClientSession, servers: list[str], 
             await asyncio.wait_for(stop.wait(), SAMPLE_INTERVAL_S)
 
 
+def request_body(request: Request, endpoint: str) -> tuple[str, dict[str, Any]]:
+    """(path, body) without the sampling fields."""
+    if endpoint == "chat":
+        return "/v1/chat/completions", {"model": MODEL, "messages": [
+            {"role": "system", "content": request.system}, {"role": "user", "content": request.question}]}
+    return "/v1/completions", {"model": MODEL, "prompt": request.system + "\n" + request.question}
+
+
 async def _one(session: aiohttp.ClientSession, url: str, request: Request, args: argparse.Namespace) -> dict[str, Any]:
-    if args.endpoint == "chat":
-        path = "/v1/chat/completions"
-        body: dict[str, Any] = {"messages": [{"role": "system", "content": request.system},
-                                             {"role": "user", "content": request.question}]}
-    else:
-        path, body = "/v1/completions", {"prompt": request.system + "\n" + request.question}
-    body |= {"model": MODEL, "max_tokens": args.output_tokens, "ignore_eos": True, "stream": True,
-             "temperature": 0.0}
+    path, body = request_body(request, args.endpoint)
+    body |= {"max_tokens": args.output_tokens, "ignore_eos": True, "stream": True, "temperature": 0.0}
     started = time.perf_counter()
     ttft_s = None
     async with session.post(url + path, json=body, headers={TENANT_HEADER: f"t{request.tenant}"}) as response:
@@ -180,44 +183,16 @@ async def run_arm(arm: str, requests: list[Request], servers: list[str], gateway
         "in_flight_mean_per_pod": [round(m, 2) for m in pod_means],
         "in_flight_max_over_mean": round(max(pod_means) / statistics.fmean(pod_means), 3) if any(pod_means) else None,
         "in_flight_samples": len(busy),
-        **({"home_pod_tenants": home_pods(requests, servers, args), **placements(gateway_log, log_offset, servers)}
-           if arm == "prefix" and gateway_log is not None else {}),
+        **({"home_pod_tenants": home_pods(first_bodies(requests, args.endpoint), MODEL, args.endpoint, servers),
+            **placements(gateway_log, log_offset, servers)} if arm == "prefix" and gateway_log is not None else {}),
         "ttfts_ms": [round(t * 1e3, 1) for t in ttfts],
     }
 
 
-def home_pods(requests: list[Request], servers: list[str], args: argparse.Namespace) -> list[int]:
-    """Tenants whose key the ring puts on each replica when all are idle (the pure `choose`, for the record
-    only): the ring's balance for this run's prompts, which decides how many prompts each replica must hold."""
-    pods = [PodView(url.removeprefix("http://"), load_age_s=0.0) for url in servers]
-    counts = [0] * len(servers)
-    for tenant in sorted({r.tenant for r in requests}):
-        request = next(r for r in requests if r.tenant == tenant)
-        body = {"messages": [{"role": "system", "content": request.system},
-                             {"role": "user", "content": request.question}]} if args.endpoint == "chat" else \
-            {"prompt": request.system + "\n" + request.question}
-        chosen = choose(pods, routing_key(MODEL, args.endpoint, body), "prefix")
-        assert chosen is not None
-        counts[pods.index(chosen)] += 1
-    return counts
-
-
-def placements(log: Path, offset: int, servers: list[str]) -> dict[str, Any]:
-    """From the gateway's access log: which replicas served each tenant, and the share of requests that went
-    to their tenant's most-used replica (1.0: perfect affinity)."""
-    index = {url.removeprefix("http://"): i for i, url in enumerate(servers)}
-    per_tenant: dict[str, list[int]] = {}
-    with log.open("rb") as f:
-        f.seek(offset)
-        for line in f.read().decode(errors="replace").splitlines():
-            if not line.startswith("{"):
-                continue
-            entry = json.loads(line)
-            if entry.get("logger") == "flotilla_gateway.access" and entry.get("pod") in index:
-                per_tenant.setdefault(entry["tenant"], [0] * len(servers))[index[entry["pod"]]] += 1
-    total = sum(sum(c) for c in per_tenant.values())
-    return {"tenant_requests_per_pod": dict(sorted(per_tenant.items())),
-            "tenant_affinity": round(sum(max(c) for c in per_tenant.values()) / total, 3) if total else None}
+def first_bodies(requests: list[Request], endpoint: str) -> list[dict[str, Any]]:
+    """One request body per tenant: what the ring sees of each tenant."""
+    return [request_body(next(r for r in requests if r.tenant == t), endpoint)[1]
+            for t in sorted({r.tenant for r in requests})]
 
 
 @contextlib.contextmanager
@@ -293,35 +268,6 @@ def summarize(args: argparse.Namespace, runs: list[dict[str, Any]]) -> dict[str,
         }
     out["runs"] = runs
     return out
-
-
-def plot(summary: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    arms, w = list(summary["medians"]), summary["workload"]
-    fig, (cdf, hit, balance) = plt.subplots(1, 3, figsize=(14, 4))
-    for arm in arms:
-        ttfts = sorted(t for r in summary["runs"] if r["arm"] == arm for t in r["ttfts_ms"])
-        cdf.plot(ttfts, [(i + 1) / len(ttfts) for i in range(len(ttfts))], label=arm)
-        mine = [r for r in summary["runs"] if r["arm"] == arm]
-        hit.scatter([r["run"] for r in mine], [r["prefix_hit_rate"] for r in mine], label=arm)
-        balance.scatter([r["run"] for r in mine], [r["in_flight_max_over_mean"] for r in mine], label=arm)
-    cdf.set(xlabel="TTFT (ms), all runs", ylabel="share of requests", title="TTFT", xscale="log")
-    hit.axhline(0.8, color="grey", linestyle="--")
-    hit.set(xlabel="run", ylabel="hit ÷ queried prompt tokens", title="server-side prefix hit rate", ylim=(0, 1))
-    balance.axhline(1.5, color="grey", linestyle="--")
-    balance.set(xlabel="run", ylabel="max ÷ mean", title="in-flight per replica (time averages)")
-    for ax in (hit, balance):
-        ax.set_xticks(range(w["runs"]))
-    for ax in (cdf, hit, balance):
-        ax.legend()
-    fig.suptitle(f"{w['replicas']} × tiny, {w['tenants']} tenants × {w['system_tokens']}-token system prompts, "
-                 f"{w['requests']} requests at concurrency {w['concurrency']}, {w['num_kv_blocks']} KV blocks each")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
 
 
 def main(argv: list[str] | None = None) -> None:
