@@ -61,6 +61,7 @@ bench: setup
 	$(VENV)/bin/flotilla-bench offline --json $(BENCH_OUT)/offline.json --plot $(BENCH_OUT)/offline.png
 	$(PY) -m flotilla_gateway.bench.overhead --json $(BENCH_OUT)/gateway_overhead.json
 	$(VENV)/bin/flotilla-bench prefix --json $(BENCH_OUT)/prefix.json --plot $(BENCH_OUT)/prefix.png
+	$(PY) -m flotilla_gateway.bench.prefix_routing --json $(BENCH_OUT)/prefix_routing.json --plot $(BENCH_OUT)/prefix_routing.png
 
 bench-docs:
 	@test -f $(BENCH_OUT)/offline.json -a -f $(BENCH_OUT)/offline.png || \
@@ -68,6 +69,7 @@ bench-docs:
 	cp $(BENCH_OUT)/offline.json $(BENCH_OUT)/offline.png docs/bench/
 	@test ! -f $(BENCH_OUT)/gateway_overhead.json || cp $(BENCH_OUT)/gateway_overhead.json docs/bench/
 	@test ! -f $(BENCH_OUT)/prefix.json || cp $(BENCH_OUT)/prefix.json $(BENCH_OUT)/prefix.png docs/bench/
+	@test ! -f $(BENCH_OUT)/prefix_routing.json || cp $(BENCH_OUT)/prefix_routing.json $(BENCH_OUT)/prefix_routing.png docs/bench/
 
 # sim: the fleet-scale run of docs/simulation.md (1,000 models, 10,000 GPUs, one day, six policies); not a test
 sim: setup

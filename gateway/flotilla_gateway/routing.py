@@ -126,14 +126,18 @@ def _text(content: Any) -> str:
 
 
 def routing_key(model: str, endpoint: str, body: dict[str, Any]) -> str:
-    """The prefix key: the model, then the first KEY_CHARS of the system prompt and of the first user
-    message (chat), or of the prompt (completions). Requests sharing a prefix share a key."""
+    """The prefix key: the model, then the first KEY_CHARS of the system prompt followed by the first user
+    message (chat), or of the prompt (completions): the start of what the server will see, so requests
+    sharing a prefix share a key. A system prompt of KEY_CHARS or more is the whole key (every request of a
+    tenant lands where its prompt is cached); a shorter one lets the first user message in (a conversation
+    keeps its pod as it grows)."""
     if endpoint == "chat":
         messages = body.get("messages") if isinstance(body.get("messages"), list) else []
         system = "".join(_text(m.get("content")) for m in messages
                          if isinstance(m, dict) and m.get("role") in ("system", "developer"))
         user = next((_text(m.get("content")) for m in messages if isinstance(m, dict) and m.get("role") == "user"), "")
-        return f"{model}\x00{system[:KEY_CHARS]}\x00{user[:KEY_CHARS]}"
+        start = f"{system}\x00{user}"
+        return f"{model}\x00{start[:KEY_CHARS]}"
     prompt = body.get("prompt")
     if isinstance(prompt, list):
         prompt = prompt[0] if prompt else ""

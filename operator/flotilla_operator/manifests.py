@@ -26,6 +26,7 @@ from flotilla_operator.model_source import render_source
 from flotilla_operator.network_policy import build_network_policy
 from flotilla_operator.placement import GPU_RESOURCE, render_placement
 from flotilla_operator.server_args import PORT, render_server_args
+from flotilla_operator.server_env import server_env
 
 MANAGED_BY = "flotilla-operator"
 RUN_AS_USER = 65532  # the non-root user both images create (docker/*.Dockerfile)
@@ -120,7 +121,7 @@ def build_deployment(owner: Owner, default_image: str) -> dict[str, Any]:
         "image": image,
         "args": render_server_args(spec, source.model_arg),
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
-        "env": [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HOME", "value": "/tmp/hf"}],
+        "env": server_env(spec.server),
         "resources": _resources(spec),
         "startupProbe": _probe("/healthz", PROBE_PERIOD_S, startup_failures),
         "readinessProbe": _probe("/readyz", 5, 2),

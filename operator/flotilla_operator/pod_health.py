@@ -27,7 +27,7 @@ WAITING = {
     "ErrImagePull": ("ImagePullBackOff", "check spec.image (or the operator's --default-image) and the registry's pull secret"),
     "InvalidImageName": ("ImagePullBackOff", "fix spec.image"),
     "CreateContainerConfigError": ("CreateContainerConfigError",
-                                   "create the missing Secret or key, or fix the reference in the spec (e.g. tokenSecret)"),
+                                   "create the missing Secret or key, or fix the reference in the spec (tokenSecret, server.apiKeySecretRef)"),
     "CreateContainerError": ("CreateContainerConfigError", "fix the container settings the kubelet names"),
     "CrashLoopBackOff": ("CrashLoopBackOff", "see why with kubectl logs --previous on the pod"),
     "RunContainerError": ("CrashLoopBackOff", "see why with kubectl describe on the pod"),

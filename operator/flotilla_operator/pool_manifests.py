@@ -40,6 +40,7 @@ from flotilla_operator.model_source import MODELS_DIR
 from flotilla_operator.placement import render_placement
 from flotilla_operator.pool_members import Member, members_file
 from flotilla_operator.server_args import PORT, flag
+from flotilla_operator.server_env import server_env
 
 MEMBERS_DIR = "/etc/flotilla/pool"
 MEMBERS_KEY = "models"
@@ -166,7 +167,7 @@ def build_pool_deployment(owner: PoolOwner, default_image: str) -> dict[str, Any
     container = {
         "name": "server", "image": image, "args": pool_server_args(spec),
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
-        "env": [{"name": "HOME", "value": "/tmp"}, {"name": "HF_HOME", "value": "/tmp/hf"}],
+        "env": server_env(spec.server),
         "resources": resources(spec),  # type: ignore[arg-type]
         "startupProbe": probe("/healthz", PROBE_PERIOD_S, math.ceil(POOL_STARTUP_BUDGET_S / PROBE_PERIOD_S)),
         "readinessProbe": probe("/readyz", 5, 2),

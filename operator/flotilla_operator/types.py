@@ -46,6 +46,11 @@ class SecretKeyRef(ApiModel):
     key: str = Field("token", description="key is the entry of the Secret that holds the token.", min_length=1)
 
 
+class ApiKeySecretRef(ApiModel):
+    name: str = Field(description="name is the Secret, in the same namespace.", pattern=DNS_SUBDOMAIN)
+    key: str = Field("api-key", description="key is the entry of the Secret that holds the API key.", min_length=1)
+
+
 class HuggingFaceSource(ApiModel):
     repo: str = Field(
         description="repo is the Hugging Face repository, as `owner/name`.",
@@ -276,6 +281,12 @@ class ServerSpec(ApiModel):
     )
     dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         None, description="dtype of weights and KV cache; unset means bfloat16 on GPU and float32 on CPU."
+    )
+    api_key_secret_ref: ApiKeySecretRef | None = Field(
+        None,
+        description="apiKeySecretRef names a Secret key holding the API key the server then requires on /v1/... "
+        "(Authorization: Bearer), set as the FLOTILLA_API_KEY environment variable from the Secret, so the key "
+        "never shows in the pod spec. Give flotilla-gateway the same key (the chart's gateway.upstreamApiKeySecret).",
     )
     extra_args: list[str] = Field(default_factory=list, description="extraArgs are appended to the server's command line.")
 

@@ -66,14 +66,18 @@ def test_default_policy(endpoint: str, configured: str | None, expected: str) ->
     assert default_policy(endpoint, configured) == expected
 
 
-def test_routing_key_reads_system_prompt_and_first_user_message() -> None:
+def test_routing_key_is_the_start_of_system_prompt_then_first_user_message() -> None:
     body = {"messages": [{"role": "system", "content": "S" * 2000}, {"role": "user", "content": "hello"},
                          {"role": "assistant", "content": "x"}, {"role": "user", "content": "later"}]}
     key = routing_key("m", "chat", body)
-    assert key == "m\x00" + "S" * KEY_CHARS + "\x00hello"
+    assert key == "m\x00" + "S" * KEY_CHARS
+    other_question = {"messages": [body["messages"][0], {"role": "user", "content": "something else"}]}
+    assert routing_key("m", "chat", other_question) == key  # a long system prompt: one key per tenant
     later = {"messages": [*body["messages"], {"role": "user", "content": "third"}]}
     assert routing_key("m", "chat", later) == key  # a conversation keeps its key as it grows
     assert routing_key("other", "chat", body) != key
+    short = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "U" * 2000}]}
+    assert routing_key("m", "chat", short) == "m\x00be brief\x00" + "U" * (KEY_CHARS - len("be brief") - 1)
     parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hel"}, {"type": "text", "text": "lo"}]}]}
     assert routing_key("m", "chat", parts) == "m\x00\x00hello"
 

@@ -1,1 +1,1 @@
-"""Benchmarks of the gateway itself (`python -m flotilla_gateway.bench.overhead`): figures, not tests."""
+"""Benchmarks of the gateway (`python -m flotilla_gateway.bench.overhead`, `...bench.prefix_routing`): figures, not tests."""

@@ -1,12 +1,14 @@
 """What the gateway adds to a stream: `python -m flotilla_gateway.bench.overhead` (docs/gateway.md, "Overhead").
 
 It starts a fake SSE upstream (bench/fake_upstream.py) and one gateway process pinned to one core
-(`taskset`), behind a stub Kubernetes API that lists one model with one endpoint. Then, over N concurrent
-streams, it measures:
+(`taskset`), behind a stub Kubernetes API (bench/stub_api.py) that lists one model with one endpoint.
+Then, over N concurrent streams, it measures:
 - throughput: chunks/s when the upstream writes as fast as it is read, through the gateway and direct;
 - latency: at a paced total rate (default 5,000 chunks/s), each chunk's age on arrival (the upstream stamps
   its monotonic send time into the chunk), through the gateway and direct; the gateway adds the difference.
 Figures go to stdout and, with --json, to a file. A benchmark, not a test: its figures depend on the machine.
+On a shared machine, --nice puts the three processes ahead of the neighbours' work; --profile writes a
+CPU-time profile of the gateway; --gateway-python compares another venv's libraries (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -27,39 +30,26 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
+
+from flotilla_gateway.bench.stub_api import StubModel, serve_stub
 
 MODEL = "bench"
+# The gateway under cProfile, timed in CPU seconds: on a shared machine, wall-clock profiles mostly measure waits
+PROFILED_GATEWAY = """
+import cProfile, sys, time
+from flotilla_gateway.cli import main
+profile = cProfile.Profile(time.process_time)
+try:
+    profile.runcall(main, sys.argv[2:])
+finally:
+    profile.dump_stats(sys.argv[1])
+"""
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def stub_kubernetes(upstream_port: int) -> web.Application:
-    """Just enough of the Kubernetes API for the gateway's route map: one model, one ready endpoint."""
-    model = {"metadata": {"name": MODEL, "namespace": "default", "creationTimestamp": "2026-01-01T00:00:00Z",
-                          "resourceVersion": "1", "generation": 1},
-             "spec": {"model": {"name": MODEL}, "replicas": 1}}
-    endpoint_slice = {"metadata": {"name": f"{MODEL}-x", "namespace": "default", "resourceVersion": "1",
-                                   "labels": {"kubernetes.io/service-name": MODEL}},
-                      "ports": [{"name": "http", "port": upstream_port}],
-                      "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": True}}]}
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        if request.query.get("watch"):
-            response = web.StreamResponse()
-            await response.prepare(request)
-            await asyncio.sleep(3600)
-            return response
-        items = [model] if request.path.endswith("inferencemodels") else [endpoint_slice]
-        return web.json_response({"metadata": {"resourceVersion": "1"}, "items": items})
-
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", handle)
-    return app
 
 
 async def _streams(url: str, num_streams: int, chunks: int) -> tuple[int, float, list[float]]:
@@ -96,13 +86,14 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 @contextlib.contextmanager
-def _process(command: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def _process(command: list[str], log: Path, env: dict[str, str] | None = None,
+             stop: signal.Signals = signal.SIGTERM) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         yield process
     finally:
-        process.terminate()
+        process.send_signal(stop)
         try:
             process.wait(10)
         except subprocess.TimeoutExpired:
@@ -125,29 +116,26 @@ async def _wait_http(url: str, timeout_s: float = 30) -> None:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     upstream_port, gateway_port = _free_port(), _free_port()
-    runner = web.AppRunner(stub_kubernetes(upstream_port))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    api_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     work = Path(tempfile.mkdtemp(prefix="flotilla-gateway-bench-"))
-    (work / "kubeconfig").write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "stub",
-        "clusters": [{"name": "stub", "cluster": {"server": f"http://127.0.0.1:{api_port}"}}],
-        "users": [{"name": "stub", "user": {"token": "stub"}}],
-        "contexts": [{"name": "stub", "context": {"cluster": "stub", "user": "stub"}}]}))
+    runner, kubeconfig = await serve_stub([StubModel(MODEL, (("127.0.0.1", upstream_port),))], work)
     pin = ["taskset", "-c", args.gateway_core] if shutil.which("taskset") and args.gateway_core else []
     pin_others = ["taskset", "-c", args.other_cores] if pin and args.other_cores else []
     upstream_cmd = [*pin_others, sys.executable, "-m", "flotilla_gateway.bench.fake_upstream",
                     "--port", str(upstream_port)]
-    gateway_cmd = [*pin, sys.executable, "-m", "flotilla_gateway.cli", "--kubeconfig", str(work / "kubeconfig"),
+    launch = ["-c", PROFILED_GATEWAY, str(args.profile.resolve())] if args.profile else ["-m", "flotilla_gateway.cli"]
+    gateway_cmd = [*pin, args.gateway_python or sys.executable, *launch, "--kubeconfig", str(kubeconfig),
                    "--host", "127.0.0.1", "--port", str(gateway_port), "--log-level", "warning"]
     if pin_others:
         os.sched_setaffinity(0, {int(c) for c in args.other_cores.split(",")})
-    results: dict[str, Any] = {"streams": args.streams, "gateway_core": args.gateway_core or "unpinned"}
+    if args.nice:  # all three processes (this one, and the two it starts, inherit it) ahead of the neighbours
+        os.setpriority(os.PRIO_PROCESS, 0, args.nice)
+    results: dict[str, Any] = {"streams": args.streams, "gateway_core": args.gateway_core or "unpinned",
+                               "nice": args.nice, "gateway_python": args.gateway_python or sys.executable}
     direct, gateway = f"http://127.0.0.1:{upstream_port}", f"http://127.0.0.1:{gateway_port}"
     try:
-        with _process(upstream_cmd, work / "upstream.log"), _process(gateway_cmd, work / "gateway.log") as gw:
+        # SIGINT: uvicorn re-raises the signal once shut down, and only SIGINT (KeyboardInterrupt) lets cProfile write
+        with _process(upstream_cmd, work / "upstream.log"), \
+                _process(gateway_cmd, work / "gateway.log", stop=signal.SIGINT) as gw:
             await _wait_http(direct + "/readyz")
             await _wait_http(gateway + "/readyz")
             await _streams(gateway, 8, 50)  # warm the connection pools
@@ -187,7 +175,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--paced-chunks", type=int, default=400, help="Chunks per stream in the latency run.")
     p.add_argument("--gateway-core", default="0", help="CPU the gateway is pinned to (taskset -c); '' to not pin.")
     p.add_argument("--other-cores", default="1", help="CPUs for the upstream and this client, e.g. 1 or 1,2,3.")
+    p.add_argument("--nice", type=int, default=0,
+                   help="Run the bench, the upstream and the gateway at this nice value (e.g. -15, as root): on a "
+                        "shared machine, so that the neighbours' work waits instead of the chunks.")
+    p.add_argument("--gateway-python", help="Interpreter for the gateway (another venv, to compare libraries); "
+                                            "default: this one.")
     p.add_argument("--json", type=Path, help="Also write the figures to this file.")
+    p.add_argument("--profile", type=Path, help="Run the gateway under cProfile (CPU time) and write its stats here "
+                                                "(read them with python -m pstats); slows the gateway down.")
     args = p.parse_args(argv)
     results = asyncio.run(run(args))
     print(json.dumps(results, indent=2))
