@@ -99,16 +99,17 @@ class Sampler:
         self._thread.join(5)
 
     def _run(self) -> None:
+        last: dict[str, int] = {}  # a read that fails (a busy API emulator) keeps the Deployment's last figure
         with httpx.Client(timeout=2) as client:
             while not self._stop.is_set():
                 now = time.monotonic()
-                ready = 0
                 for name in self.deployments:
                     with contextlib.suppress(httpx.HTTPError, ValueError):
                         r = client.get(f"{self.api_url}/apis/apps/v1/namespaces/{NAMESPACE}/deployments/{name}")
-                        if r.status_code == 200:
-                            ready += int((r.json().get("status") or {}).get("readyReplicas") or 0)
-                self.replicas.append((now, ready))
+                        if r.status_code in (200, 404):
+                            last[name] = int(((r.json() if r.status_code == 200 else {}).get("status") or {})
+                                             .get("readyReplicas") or 0)
+                self.replicas.append((now, sum(last.values())))
                 seen: dict[str, set[str]] = {}
                 for url in self.pool_pods:
                     with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):

@@ -22,6 +22,7 @@ from e2e.pool_bench.trace import Request
 
 BYTE_TOKENS = 256  # ids below this are tiny's byte tokens: any sequence of them is a valid prompt
 REQUEST_TIMEOUT_S = 600.0
+KEEPALIVE_EXPIRY_S = 1.0
 
 
 @dataclass
@@ -69,7 +70,9 @@ async def one(client: httpx.AsyncClient, url: str, request: Request, payload: di
 
 async def replay(url: str, requests: Sequence[Request], seed: int = 13) -> tuple[float, list[Result]]:
     """Every request at its time; returns the replay's start (time.monotonic()) and the results in trace order."""
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    # idle connections expire before the gateway's (uvicorn's 5 s), so a request is never sent on a connection
+    # the gateway is closing (a ReadError that no server saw)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_EXPIRY_S)
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=limits) as client:
         start_s = time.monotonic()
 
