@@ -55,13 +55,17 @@ test: setup tools lint model
 	  $(VENV)/bin/pytest -m serial; second=$$?; \
 	  [ $$first -eq 0 ] && [ $$second -eq 0 ]
 
-# bench: the offline figures into bench-results/ (untracked); bench-docs then copies them over docs/bench/
+# bench: the offline figures into bench-results/ (untracked); bench-docs then copies them over docs/bench/.
+# The pool benchmark (e2e/pool_bench) runs the whole loop (emulated API, operator, Prometheus, servers, gateway):
+# a shared pool against dedicated replicas on one Azure trace window, about 10 minutes.
 BENCH_OUT := bench-results
-bench: setup
+bench: setup tools
 	$(VENV)/bin/flotilla-bench offline --json $(BENCH_OUT)/offline.json --plot $(BENCH_OUT)/offline.png
 	$(PY) -m flotilla_gateway.bench.overhead --json $(BENCH_OUT)/gateway_overhead.json
 	$(VENV)/bin/flotilla-bench prefix --json $(BENCH_OUT)/prefix.json --plot $(BENCH_OUT)/prefix.png
 	$(PY) -m flotilla_gateway.bench.prefix_routing --json $(BENCH_OUT)/prefix_routing.json --plot $(BENCH_OUT)/prefix_routing.png
+	PYTHONPATH="$(CURDIR)/contract:$(CURDIR)/server:$(CURDIR)/operator:$(CURDIR)/gateway:$(CURDIR)/sim:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" \
+	  $(PY) -m e2e.pool_bench --json $(BENCH_OUT)/pool.json --plot $(BENCH_OUT)/pool.png
 
 bench-docs:
 	@test -f $(BENCH_OUT)/offline.json -a -f $(BENCH_OUT)/offline.png || \
@@ -70,6 +74,7 @@ bench-docs:
 	@test ! -f $(BENCH_OUT)/gateway_overhead.json || cp $(BENCH_OUT)/gateway_overhead.json docs/bench/
 	@test ! -f $(BENCH_OUT)/prefix.json || cp $(BENCH_OUT)/prefix.json $(BENCH_OUT)/prefix.png docs/bench/
 	@test ! -f $(BENCH_OUT)/prefix_routing.json || cp $(BENCH_OUT)/prefix_routing.json $(BENCH_OUT)/prefix_routing.png docs/bench/
+	@test ! -f $(BENCH_OUT)/pool.json || cp $(BENCH_OUT)/pool.json $(BENCH_OUT)/pool.png docs/bench/
 
 # sim: the fleet-scale run of docs/simulation.md (1,000 models, 10,000 GPUs, one day, six policies); not a test
 sim: setup
