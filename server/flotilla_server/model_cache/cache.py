@@ -180,8 +180,10 @@ class ModelCache:
     def status(self) -> list[ModelStatus]:
         now = self._clock()
         with self._cond:
-            return [ModelStatus(n, e.state, self._held(e), e.footprint_bytes, e.users,
-                                now - e.last_used_s if e.last_used_s else None)
+            # a load queued behind another counts as loading: the pod will hold the model, so a router must
+            # send its next requests here rather than start a second load elsewhere
+            return [ModelStatus(n, LOADING if n in self._pending else e.state, self._held(e), e.footprint_bytes,
+                                e.users, now - e.last_used_s if e.last_used_s else None)
                     for n, e in self._entries.items() if e.listed or e.state != AVAILABLE]
 
     def handles(self) -> list[ModelEngine]:

@@ -102,6 +102,24 @@ def test_a_young_model_is_kept_for_its_minimum_residency(cache_of):
     assert cache.status()[1].users == 0  # the timed-out request gave its claim back
 
 
+def test_a_load_queued_behind_a_resident_model_reports_loading(cache_of):
+    """A router reads `loading` as "this pod will hold it": a queued load must say so, or the next request
+    for the model starts a second load on another pod."""
+    cache = cache_of(budget_models=1.5, min_residency_s=600)
+
+    async def scenario():
+        await use(cache, "a")
+        waiting = asyncio.create_task(cache.acquire("b", 1.0))
+        await asyncio.sleep(0.3)
+        queued = states(cache)["b"]
+        with pytest.raises(LoadTimeout):
+            await waiting
+        return queued
+
+    assert asyncio.run(scenario()) == "loading"
+    assert states(cache)["b"] == "available"  # nobody waits for it any more
+
+
 def test_a_model_larger_than_the_budget_is_refused_at_once(cache_of):
     cache = cache_of(budget_models=0.5)
 
