@@ -35,7 +35,7 @@ POOL, SOLO = "zipf", "solo"
 MEMBERS = ("zm1", "zm2", "zm3", "zm4")  # by popularity: Zipf weights 1/rank
 KV_BYTES = 4 * 2**20
 WORKERS = 4
-DURATION_S = float(os.environ.get("FLOTILLA_POOL_E2E_S", "45"))
+DURATION_S = float(os.environ.get("FLOTILLA_POOL_E2E_S", "20"))
 MIN_RESIDENCY_S = 5  # short, so a short run sees evictions (the server's default is 60 s)
 # each member's engine in its own process, forked from the server's forkserver (the servers' default);
 # FLOTILLA_POOL_E2E_ENGINE=inprocess runs them on threads of the server instead

@@ -150,9 +150,9 @@ first token (it waited for a load, or for an eviction to make room).
 {figures}
 
 The latency-first model kept its own Deployment and pod throughout, and the pool its one replica.
-`make test` runs the mix for 45 s; the run above is the issue's 3 minutes:
+`make test` runs the mix for 20 s; the run above is the issue's 3 minutes:
 
-<!-- docs-test: not run here: it is the e2e test e2e/test_pool.py, which make test runs for 45 s -->
+<!-- docs-test: not run here: it is the e2e test e2e/test_pool.py, which make test runs for 20 s -->
 ```sh
 FLOTILLA_POOL_E2E_S=180 .venv/bin/pytest e2e/test_pool.py -s   # prints the figures
 ```

@@ -34,7 +34,6 @@ from tests.support.dashboard_eval import failing_queries
 from tests.support.hf_models import make_hf_model_dir
 from tests.support.prometheus import RealPrometheus, Target
 
-pytestmark = pytest.mark.serial  # step-rate ratios while a model loads
 
 KV_BYTES = 4 * 2**20
 # "big" takes long enough to load that a resident model's steps can be counted during its load
@@ -146,6 +145,7 @@ def test_a_model_that_can_never_fit_and_an_unknown_model_are_refused_at_once(poo
     assert model_states(pool)["huge"] == "available"
 
 
+@pytest.mark.serial  # a step-rate ratio: run alone
 def test_resident_models_keep_stepping_while_another_model_loads(pool):
     """While other models load, the resident model's engine steps at >= 50% of its rate with no load going on,
     in the same run. Three loads (big, small, big again), each between idle windows, pooled: a co-tenant's
