@@ -82,15 +82,14 @@ def wait_spent(route: ModelRoute) -> Admission:
 
 
 def pod_room(pod: PodView) -> int:
-    """How many more requests this pod's slots and admission queue take now, and never more at once than its
-    admission queue holds: a server counts a request as queued until its engine admits it, even one bound for a
-    free slot."""
+    """How many more held requests this pod takes now: never more in flight than its admission queue holds.
+    A server counts a request as queued until its engine admits it, and a finished request frees its slot
+    before the engine admits the next one, so counting the slots as room would race a full queue (429)."""
     if pod.load_age_s is None:
         return max(0, UNKNOWN_POD_ROOM - pod.in_flight)
     if pod.queue_capacity <= 0:
         return max(0, pod.slots - max(pod.in_flight, pod.running + pod.waiting))
-    admitted = min(pod.running, pod.slots)  # only requests holding a slot are out of the server's queue count
-    return max(0, pod.queue_capacity + admitted - max(pod.in_flight, pod.running + pod.waiting))
+    return max(0, pod.queue_capacity - max(pod.in_flight, pod.running + pod.waiting))
 
 
 def releasable(pods: list[PodView] | tuple[PodView, ...], held: int) -> int:

@@ -68,7 +68,9 @@ def test_wakes_again(route: ModelRoute, held: int, wakes: bool) -> None:
     (PodView("a"), UNKNOWN_POD_ROOM),  # never read: a small first batch
     (PodView("a", in_flight=3), UNKNOWN_POD_ROOM - 3),
     (PodView("a", slots=4, queue_capacity=32, load_age_s=0.1), 32),  # never more at once than its queue holds
-    (PodView("a", slots=4, queue_capacity=32, running=4, waiting=30, load_age_s=0.1), 2),
+    (PodView("a", slots=4, queue_capacity=32, running=4, waiting=26, load_age_s=0.1), 2),
+    # a slot freed but its successor not yet admitted: the server's queue is still full, so no room
+    (PodView("a", slots=4, queue_capacity=32, running=3, waiting=32, in_flight=35, load_age_s=0.1), 0),
     (PodView("a", slots=4, queue_capacity=32, in_flight=40, load_age_s=0.1), 0),
 ])
 def test_pod_room(pod: PodView, room: int) -> None:
