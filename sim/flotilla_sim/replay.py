@@ -80,7 +80,7 @@ class ClosedLoopSim(RequestSim):
         self.step_times_s = [t for t, _ in steps]
         self.profiles = [scenario.profile(step_s) for _, step_s in steps]
         super().__init__(_Requests(), self.profiles[0], controller, np.array([scenario.initial_replicas]),
-                         interval_s=1.0, num_models=1, scrape_lag_s=scenario.scrape_lag_s,
+                         interval_s=1.0, num_models=1, scrape_lag_s=scenario.scrape_lag_s,  # ticks: the real ones
                          initial_ready_s=scenario.initial_ready_s)
         self.first_token_s, self.finish_s = [], []  # grown with the requests
         self.rng = random.Random(scenario.seed)
