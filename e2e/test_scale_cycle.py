@@ -7,7 +7,7 @@ load lasts, and return to 1 only after the (shortened) scale-down stabilization 
 monotone descent. Every request must complete or get 429 with Retry-After.
 
 Then flotilla-sim replays the run (e2e/sim_replay.py): the same closed loop and InferenceModel, this
-run's start-up delay, scrape lag and mean engine step, ticking when the operator ticked; its replicas
+run's start-up delay, scrape lag and engine step over time, ticking when the operator ticked; its replicas
 must be within 1 of the real ones at every tick, its scale-up and scale-down within two intervals.
 """
 
