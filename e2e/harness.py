@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import yaml
@@ -143,6 +143,13 @@ class Sample:
     ready: int
     phase: str | None
     recommendations: tuple[tuple[str, int], ...]  # status.autoscaler.recommendations as (time, replicas)
+    decision: str = ""  # status.autoscaler.lastDecision
+
+
+class Tick(NamedTuple):
+    epoch_s: float  # the decision's time, as its recommendation in status says
+    replicas: int  # .spec.replicas after it
+    decision: str  # its lastDecision: the reason and the numbers (R=, Q=, ...)
 
 
 @dataclass
@@ -178,7 +185,8 @@ class Recorder:
                                                 (status.get("autoscaler") or {}).get("recommendations") or [])
                         self.samples.append(Sample(time.monotonic(), time.time(), int(obj["spec"]["replicas"]),
                                                    int(status.get("readyReplicas") or 0), status.get("phase"),
-                                                   recommendations))
+                                                   recommendations,
+                                                   (status.get("autoscaler") or {}).get("lastDecision") or ""))
                 self._stop.wait(self.interval_s)
 
     def between(self, start_s: float, end_s: float) -> list[int]:
@@ -188,6 +196,18 @@ class Recorder:
         """Every recommendation seen in status over the recording, as (epoch seconds, replicas)."""
         seen = {r for sample in self.samples for r in sample.recommendations}
         return sorted((epoch(t), n) for t, n in seen)
+
+    def ticks(self, after_epoch_s: float) -> list[Tick]:
+        """Each autoscaler decision after `after_epoch_s`, with the replicas it left (decisions on missing
+        metrics record nothing and are absent).
+
+        A decision's time is its recommendation's in status; the operator writes status after the scale
+        PATCH, so the first sample holding that recommendation holds the replicas and lastDecision it made."""
+        seen: dict[float, Tick] = {}
+        for sample in self.samples:
+            for t, _ in sample.recommendations:
+                seen.setdefault(epoch(t), Tick(epoch(t), sample.replicas, sample.decision))
+        return sorted(tick for tick in seen.values() if tick.epoch_s > after_epoch_s)
 
     def first(self, predicate: Callable[[Sample], bool], after_s: float = 0.0) -> Sample | None:
         return next((s for s in self.samples if s.t_s >= after_s and predicate(s)), None)

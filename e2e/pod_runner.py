@@ -143,6 +143,7 @@ class PodRunner:
         self._deployments: dict[str, dict[str, Any]] = {}
         self._pod_calls: list[tuple[str, str, Any]] = []  # API writes for Pods, sent outside the lock
         self.starts: dict[str, int] = {}  # deployment -> processes started (for assertions)
+        self.ready_epochs: dict[str, list[float]] = {}  # deployment -> time.time() each replica first served
         self.errors: list[str] = []
         self.last_sync_s = time.monotonic()
         self._slices: set[tuple[str, str]] = set()  # (deployment, replica) published as an EndpointSlice
@@ -268,6 +269,7 @@ class PodRunner:
                     replica.ready = httpx.get(f"{replica.url}/readyz", timeout=0.5).status_code == 200
                 if replica.ready:
                     replica.ready_at_s = time.monotonic()
+                    self.ready_epochs.setdefault(name, []).append(time.time())
                     self._pod_status(replica)
         self._flush_pod_calls()
         self._report(name, deployment)

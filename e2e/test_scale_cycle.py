@@ -5,6 +5,10 @@ closed loop of 12 clients is three replicas' worth. The operator must reach >= 3
 three autoscale intervals of the queue appearing in Prometheus, hold without flapping while the
 load lasts, and return to 1 only after the (shortened) scale-down stabilization window, in one
 monotone descent. Every request must complete or get 429 with Retry-After.
+
+Then flotilla-sim replays the run (e2e/sim_replay.py): the same closed loop and InferenceModel, this
+run's start-up delay, scrape lag and engine step over time, ticking when the operator ticked; its replicas
+must be within 1 of the real ones at every tick, its scale-up and scale-down within two intervals.
 """
 
 from __future__ import annotations
@@ -14,11 +18,13 @@ import time
 from e2e.conftest import AUTOSCALE_INTERVAL_S, SERVER_START_S
 from e2e.harness import Loop, Recorder, epoch, inference_model, monotone
 from e2e.load import LoadGenerator
+from e2e.sim_replay import check, first_sample_s, scenario, step_times
 
 NAME = "cycle"
 WINDOW_S = 12  # scaleDownStabilizationSeconds
 CLIENTS = 12  # 3 x (S + targetQueueDepth) = 3 x 4
 LOAD_S = 20
+MAX_TOKENS = 48
 
 
 def test_scale_out_under_load_and_back_after_the_window(loop: Loop) -> None:
@@ -27,16 +33,18 @@ def test_scale_out_under_load_and_back_after_the_window(loop: Loop) -> None:
     try:
         loop.wait(lambda: loop.runner.endpoints(NAME), SERVER_START_S, "the first replica serving")
         with Recorder(loop.k8s.url, NAME) as recorder:
-            load = LoadGenerator(lambda: loop.runner.endpoints(NAME), NAME, CLIENTS, max_tokens=48).start()
+            load_epoch_s = time.time()
+            load = LoadGenerator(lambda: loop.runner.endpoints(NAME), NAME, CLIENTS, max_tokens=MAX_TOKENS).start()
             try:
-                queue = f'sum(flotilla_requests_waiting{{namespace="default",model="{NAME}"}})'
-                loop.prometheus.wait_for(queue, lambda v: v > 0, timeout_s=20)
+                waiting = f'flotilla_requests_waiting{{namespace="default",model="{NAME}"}}'
+                loop.prometheus.wait_for(f"sum({waiting})", lambda v: v > 0, timeout_s=20)
                 queue_seen_s = time.monotonic()  # late by one poll of wait_for at most, which loosens the check by as much
                 loop.wait(lambda: loop.replicas(NAME) >= 3, 3 * AUTOSCALE_INTERVAL_S + 1, ">= 3 replicas")
                 loop.wait(lambda: len(loop.runner.endpoints(NAME)) >= 3, SERVER_START_S, "three replicas serving")
                 time.sleep(max(LOAD_S - (time.monotonic() - queue_seen_s), 0))
             finally:
                 stopped_s = time.monotonic()  # before stop(), which waits for requests in flight
+                stopped_epoch_s = time.time()
                 report = load.stop()
             loop.wait(lambda: loop.replicas(NAME) == 1, WINDOW_S + 6 * AUTOSCALE_INTERVAL_S, "back to 1 replica")
             loop.wait(lambda: loop.runner.processes(NAME) == 1, 30, "surplus servers stopped")
@@ -70,6 +78,18 @@ def test_scale_out_under_load_and_back_after_the_window(loop: Loop) -> None:
         assert report.completed > 0
         auto = loop.model(NAME)["status"]["autoscaler"]
         assert auto["lastScaleTime"] and auto["recommendations"]
+
+        # The simulator's replay of this run, from what the run measured.
+        ticks = recorder.ticks(load_epoch_s)
+        scaled_up_epoch_s = next(t for t, n, _ in ticks if n > 1)  # the decision; its PATCH follows at once
+        starts = [t - scaled_up_epoch_s for t in loop.runner.ready_epochs[NAME] if t > scaled_up_epoch_s]
+        first_queue_s = first_sample_s(loop.prometheus, waiting, load_epoch_s)
+        assert starts and first_queue_s is not None, (loop.runner.ready_epochs, first_queue_s)
+        sim = scenario(loop.model(NAME), start_up_s=sum(starts) / len(starts), scrape_lag_s=first_queue_s - load_epoch_s,
+                       steps_s=step_times(loop.prometheus, NAME, load_epoch_s), clients=CLIENTS, max_tokens=MAX_TOKENS,
+                       stop_s=stopped_epoch_s - load_epoch_s)
+        agreement = check(NAME, ticks, load_epoch_s, sim, AUTOSCALE_INTERVAL_S, report)
+        assert agreement.ok, agreement.table()
     finally:
         loop.delete(NAME)
         loop.wait(lambda: loop.runner.processes(NAME) == 0, 30, "servers of the deleted model stopped")

@@ -1,10 +1,18 @@
 """Scale to zero is cost-first only: an idle cost-first model with min 0 goes to zero and reports
-ScaledToZero, while an idle latency-first model beside it never drops below one replica."""
+ScaledToZero, while an idle latency-first model beside it never drops below one replica.
+
+Then flotilla-sim replays both models (e2e/sim_replay.py): the same InferenceModels, no load, this run's
+start-up delay and scrape lag, ticking when the operator ticked; each model's replicas must be within 1
+of the real ones at every tick, the scale to zero within two intervals of the real one.
+"""
 
 from __future__ import annotations
 
+import time
+
 from e2e.conftest import AUTOSCALE_INTERVAL_S
 from e2e.harness import Loop, Recorder, inference_model
+from e2e.sim_replay import check, first_sample_s, scenario
 
 COST, LATENCY = "zero-cost", "zero-latency"
 IDLE_S = 6  # scaleToZeroAfterSeconds
@@ -12,12 +20,14 @@ WINDOW_S = 4  # scaleDownStabilizationSeconds
 
 
 def test_cost_first_scales_to_zero_latency_first_keeps_one(loop: Loop) -> None:
-    loop.apply(inference_model(COST, "cost-first", replicas=1, minReplicas=0, maxReplicas=2,
-                               scaleToZeroAfterSeconds=IDLE_S, scaleDownStabilizationSeconds=WINDOW_S))
-    loop.apply(inference_model(LATENCY, "latency-first", replicas=1, minReplicas=1, maxReplicas=2,
-                               scaleToZeroAfterSeconds=IDLE_S, scaleDownStabilizationSeconds=WINDOW_S))
-    try:
-        with Recorder(loop.k8s.url, LATENCY) as latency:
+    # recording from before the models exist, so the first autoscaler tick is seen
+    with Recorder(loop.k8s.url, COST) as cost, Recorder(loop.k8s.url, LATENCY) as latency:
+        applied_epoch_s = time.time()
+        loop.apply(inference_model(COST, "cost-first", replicas=1, minReplicas=0, maxReplicas=2,
+                                   scaleToZeroAfterSeconds=IDLE_S, scaleDownStabilizationSeconds=WINDOW_S))
+        loop.apply(inference_model(LATENCY, "latency-first", replicas=1, minReplicas=1, maxReplicas=2,
+                                   scaleToZeroAfterSeconds=IDLE_S, scaleDownStabilizationSeconds=WINDOW_S))
+        try:
             loop.wait(lambda: loop.replicas(COST) == 0, IDLE_S + WINDOW_S + 8 * AUTOSCALE_INTERVAL_S + 20,
                       "cost-first at zero")
             loop.wait(lambda: loop.model(COST)["status"].get("phase") == "ScaledToZero", 20, "phase ScaledToZero")
@@ -27,11 +37,25 @@ def test_cost_first_scales_to_zero_latency_first_keeps_one(loop: Loop) -> None:
             assert len(events) == 1 and "1 -> 0" in events[0]["message"], events
             # the latency-first model has been idle just as long, and more
             loop.wait(lambda: len(loop.runner.endpoints(LATENCY)) == 1, 30, "latency-first serving")
-        assert latency.samples and min(s.replicas for s in latency.samples) == 1
-        assert loop.replicas(LATENCY) == 1
-        reason = loop.model(LATENCY)["status"]["autoscaler"]["lastReason"]
-        assert reason in ("Stable", "WithinTolerance"), reason
-    finally:
-        loop.delete(COST)
-        loop.delete(LATENCY)
-        loop.wait(lambda: loop.runner.processes(COST) + loop.runner.processes(LATENCY) == 0, 30, "servers stopped")
+            assert latency.samples and min(s.replicas for s in latency.samples) == 1
+            assert loop.replicas(LATENCY) == 1
+            reason = loop.model(LATENCY)["status"]["autoscaler"]["lastReason"]
+            assert reason in ("Stable", "WithinTolerance"), reason
+
+            # The simulator's replay of both models, from what this run measured: creation to serving
+            # (the cost-first server may be stopped before it serves), and serving to the first scrape.
+            served = [ready[0] for ready in (loop.runner.ready_epochs.get(m) for m in (COST, LATENCY)) if ready]
+            start_up_s = sum(t - applied_epoch_s for t in served) / len(served)
+            slots = first_sample_s(loop.prometheus, f'flotilla_slots{{namespace="default",model="{LATENCY}"}}',
+                                   applied_epoch_s)
+            assert slots is not None
+            scrape_lag_s = max(slots - loop.runner.ready_epochs[LATENCY][0], 0.0)
+            for name, recorder in ((COST, cost), (LATENCY, latency)):
+                sim = scenario(loop.model(name), start_up_s=start_up_s, scrape_lag_s=scrape_lag_s, steps_s=(),
+                               initial_ready_s=start_up_s)  # no load: no engine step
+                agreement = check(name, recorder.ticks(applied_epoch_s), applied_epoch_s, sim, AUTOSCALE_INTERVAL_S)
+                assert agreement.ok, agreement.table()
+        finally:
+            loop.delete(COST)
+            loop.delete(LATENCY)
+            loop.wait(lambda: loop.runner.processes(COST) + loop.runner.processes(LATENCY) == 0, 30, "servers stopped")

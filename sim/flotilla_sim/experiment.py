@@ -87,7 +87,7 @@ def run_one(scenario: Scenario, name: str, progress: Progress | None = None) -> 
 def run_policies(scenario: Scenario, names: tuple[str, ...] = policies.ALL, show_progress: bool = False,
                  jobs: int = 1) -> dict:
     """Each policy on the same arrivals; with jobs > 1, policies run in that many forked processes
-    (they share nothing but the read-only workload), and the bar counts finished policies."""
+    (they share nothing but the read-only workload), and the bar counts policies as they finish."""
     ticks = scenario.work.arrivals.shape[0]
     if jobs <= 1:
         progress = Progress(ticks * len(names), f"{scenario.name}: {len(names)} policies", force=show_progress)
@@ -95,12 +95,9 @@ def run_policies(scenario: Scenario, names: tuple[str, ...] = policies.ALL, show
     progress = Progress(len(names), f"{scenario.name}: {len(names)} policies, {jobs} processes", force=show_progress)
     context = multiprocessing.get_context("fork")
     with context.Pool(jobs) as pool:
-        pending = {name: pool.apply_async(run_one, (scenario, name)) for name in names}
-        results = {}
-        for name, handle in pending.items():
-            results[name] = handle.get()
-            progress.advance()
-    return results
+        pending = {name: pool.apply_async(run_one, (scenario, name), callback=lambda _: progress.advance())
+                   for name in names}
+        return {name: handle.get() for name, handle in pending.items()}
 
 
 def fleet_scenario(base: Trace, num_models: int, fleet_gpus: int, tick_s: float, interval_s: float,

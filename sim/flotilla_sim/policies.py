@@ -54,6 +54,7 @@ class Metrics:
     replicas: np.ndarray  # created pods (spec.replicas)
     ready: np.ndarray
     woken_at_s: np.ndarray  # NaN where never woken
+    reporting: np.ndarray | None = None  # replicas in Prometheus (as of the scrape); None: the ready ones
 
 
 def node_pool(policy: str) -> str:
@@ -75,12 +76,13 @@ class OperatorController:
 
     def decide(self, now_s: float, m: Metrics) -> np.ndarray:
         # plain Python lists: indexing numpy scalars a million times costs more than `decide` itself
+        reporting = m.ready if m.reporting is None else m.reporting
         rows = zip(m.running.tolist(), m.waiting.tolist(), m.held.tolist(), m.replicas.tolist(),
-                   m.ready.tolist(), m.woken_at_s.tolist(), strict=True)
+                   m.ready.tolist(), m.woken_at_s.tolist(), reporting.tolist(), strict=True)
         desired = []
-        for i, (running, waiting, held, replicas, ready, woken) in enumerate(rows):
+        for i, (running, waiting, held, replicas, ready, woken, seen) in enumerate(rows):
             obs = Observation(
-                PoolMetrics(waiting, running, self.slots, ready), replicas, ready, replicas - ready, now_s,
+                PoolMetrics(waiting, running, self.slots, seen), replicas, ready, replicas - ready, now_s,
                 pending_demand=math.ceil(held), woken_at_s=None if woken != woken else woken,  # NaN: never woken
             )
             result = decide(self.spec, obs, self.states[i])

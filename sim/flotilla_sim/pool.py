@@ -2,11 +2,10 @@
 
 Residency and eviction are the server's own rule, `decide_load` (flotilla_server.model_cache.policy):
 a model with demand and no resident copy asks it for room within the pool's memory budget, and loads
-(a cold start) or waits. The pool's replicas come from the operator's `decide` on the pool's aggregate
-queue (docs/architecture.md, "Shared pools": the pool scales on its aggregate queue depth plus held
-requests), with a floor of ceil(memory of the models with demand in the last window / budget per
-replica). The operator's pool autoscaler is still being written; when it lands, `decide` below calls it
-instead of composing these two.
+(a cold start) or waits. The pool's replicas are the operator's own pool decision,
+`flotilla_operator.pool_autoscaler.decide_pool`: `decide` on the pool's aggregate queue plus held
+requests, raised to the memory floor (`memory_floor` of `active_memory_bytes`: the models with demand
+in the demand window), as the operator's handlers/pool_autoscale.py calls them.
 
 Approximations, stated in docs/simulation.md: the pool is one cache of `replicas x budget` bytes (no
 per-replica placement), each model holds one copy, and the GPU time of ready pool replicas is shared
@@ -25,8 +24,9 @@ from flotilla_operator.autoscaler import (
     Observation,
     PoolMetrics,
     ScalingSpec,
-    decide,
 )
+from flotilla_operator.pool_autoscaler import MemberDemand, active_memory_bytes, decide_pool, memory_floor
+from flotilla_operator.pool_types import PoolScalingSpec
 from flotilla_server.model_cache.policy import Action, Resident, decide_load
 
 from flotilla_sim.server_model import POD_START_S, ServerProfile
@@ -34,7 +34,7 @@ from flotilla_sim.server_model import POD_START_S, ServerProfile
 DEVICE_MEMORY_BYTES = 80e9  # an H100's 80 GB
 BUDGET_SHARE = 0.8  # the multi-model server's default budget: 80% of device memory
 MIN_RESIDENCY_S = 60.0  # the multi-model server's default minimum residency
-DEMAND_WINDOW_S = 300.0  # the floor counts models with demand in this window
+DEMAND_WINDOW_S = float(PoolScalingSpec().demand_window_seconds)  # the CRD's default: the floor counts these
 POOL_MAX_REPLICAS = 100_000
 
 
@@ -95,8 +95,10 @@ class PoolController:
         metrics = PoolMetrics(float(m.waiting.sum()), float(m.running.sum()), self.profile.slots, pool_ready)
         obs = Observation(metrics, self.pods, pool_ready, self.pods - pool_ready, now_s,
                           pending_demand=math.ceil(float(m.held.sum())))
-        result = decide(self.spec, obs, self.state)
-        self.state = result.state
-        recent = np.count_nonzero(now_s - self.last_used <= DEMAND_WINDOW_S)
-        floor = math.ceil(recent * self.model_bytes / self.budget_per_replica)
-        self.pods = max(result.desired_replicas, floor, 1)
+        # the members with a request on record, with its age (the operator asks Prometheus for the same)
+        members = [MemberDemand(str(i), self.model_bytes, now_s - self.last_used[i])
+                   for i in np.flatnonzero(np.isfinite(self.last_used)).tolist()]
+        floor = memory_floor(active_memory_bytes(members, DEMAND_WINDOW_S), self.budget_per_replica, POOL_MAX_REPLICAS)
+        decision = decide_pool(self.spec, floor, obs, self.state)
+        self.state = decision.state
+        self.pods = decision.desired_replicas

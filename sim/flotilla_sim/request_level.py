@@ -8,11 +8,12 @@ Rules (each the real component's, simplified where docs/simulation.md says so):
 - a model with no ready replica holds requests at the front door (HOLD_CAPACITY, then 429; MAX_WAIT_S,
   then 503) and, for a policy with a front door, is woken 0 -> 1 at once (a cold start);
 - otherwise `choose(pods, key, "least-load")` picks the replica; a full admission queue answers 429,
-  and a request waiting longer than the queue timeout gets 429;
+  and a request still queued when its queue timeout runs out gets 429 then (the server's timer);
 - a replica steps while it has work: it takes queued requests into free slots, prefills their whole
   prompts in that step (their first token) and decodes one token for each running request;
-- at every autoscaler tick the policy's controller sets the replicas; scale-down removes starting
-  replicas first, then the least-loaded ready ones, which finish what they hold before they go.
+- at every autoscaler tick the policy's controller sets the replicas from metrics scraped
+  `scrape_lag_s` earlier (Prometheus' lag; 0 by default); scale-down removes starting replicas
+  first, then the least-loaded ready ones, which finish what they hold before they go.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from flotilla_sim.server_model import ServerProfile
 from flotilla_sim.stats import Tally
 from flotilla_sim.workload import Trace, bin_trace
 
-ARRIVAL, STEP_DONE, READY, TICK = 0, 1, 2, 3
+ARRIVAL, STEP_DONE, READY, TIMEOUT, SCRAPE, TICK = 0, 1, 2, 3, 4, 5  # the order at equal times
 TIMELINE_EVERY_S = 60.0
 
 
@@ -52,8 +53,10 @@ class Replica:
 
 class RequestSim:
     def __init__(self, trace: Trace, profile: ServerProfile, controller, initial: np.ndarray, interval_s: float,
-                 num_models: int | None = None) -> None:
+                 num_models: int | None = None, scrape_lag_s: float = 0.0, initial_ready_s: float = 0.0) -> None:
+        """`initial` replicas per model exist at 0 and are ready at `initial_ready_s`."""
         self.trace, self.profile, self.controller, self.interval_s = trace, profile, controller, interval_s
+        self.scrape_lag_s = scrape_lag_s
         self.models = num_models or trace.num_models
         self.events: list = []
         self.seq = itertools.count()
@@ -67,10 +70,14 @@ class RequestSim:
         self.tally = Tally()
         self.names = itertools.count()
         self.now = 0.0
-        self.gpu_since = 0.0
+        self.ticks: list[tuple[float, np.ndarray]] = []  # (time, replicas per model) after each autoscaler tick
         for m in range(self.models):
             for _ in range(int(initial[m])):
-                self._create(m, ready_s=0.0)
+                self._create(m, ready_s=initial_ready_s)
+        for rid in range(len(trace)):
+            self._push(float(trace.arrival_s[rid]), ARRIVAL, rid)
+        self.scrapes: dict[float, tuple] = {}  # tick time -> what Prometheus held for that tick
+        self.before_start = self._scrape()  # what a tick scraping before 0 sees
 
     # --- bookkeeping ------------------------------------------------------------------------------
     def _push(self, time_s: float, kind: int, payload) -> None:
@@ -102,7 +109,7 @@ class RequestSim:
                 self.tally.cold_starts += 1
                 self.woken_at[model] = self.cold_since[model] = self.now
             if len(self.held[model]) >= HOLD_CAPACITY:
-                self.tally.rejected_429 += 1
+                self._refused(rid, 429)
             else:
                 self.held[model].append(rid)
             return
@@ -112,15 +119,37 @@ class RequestSim:
         pods = self._ready(model)
         views = [PodView(p.address, len(p.queue) + len(p.running), len(p.queue), len(p.running), self.profile.slots,
                          self.profile.queue_capacity, 0.0, 0.0) for p in pods]
-        chosen = choose(views, f"{model}\x00{rid}", "least-load")
-        pod = next(p for p in pods if p.address == chosen.address)
+        pod = self._pick(pods, views, model, rid)
         if len(pod.queue) >= self.profile.queue_capacity:
-            self.tally.rejected_429 += 1
+            self._refused(rid, 429)
             return
         pod.queue.append(rid)
         if pod.stepping and pod.span_steps > 1 and len(pod.running) < self.profile.slots:
             self._cut(pod)
         self._step(pod)
+        if pod.queue and pod.queue[-1] == rid:  # still waiting: its queue timeout runs
+            self._push(self.trace.arrival_s[rid] + self.profile.queue_timeout_s, TIMEOUT, (pod, rid))
+
+    def _timeout(self, pod: Replica, rid: int) -> None:
+        if rid in pod.queue:
+            pod.queue.remove(rid)
+            self._refused(rid, 429)
+
+    def _pick(self, pods: list[Replica], views: list[PodView], model: int, rid: int) -> Replica:
+        """The gateway's choice; a subclass may play another front door."""
+        chosen = choose(views, f"{model}\x00{rid}", "least-load")
+        return next(p for p in pods if p.address == chosen.address)
+
+    def _refused(self, rid: int, status: int) -> None:
+        if status == 503:
+            self.tally.rejected_503 += 1
+        else:
+            self.tally.rejected_429 += 1
+
+    def _served(self, rid: int) -> None:
+        self.finish_s[rid] = self.now
+        self.tally.served += 1
+        self.tally.e2e.add(self.now - self.trace.arrival_s[rid])
 
     def _cut(self, pod: Replica) -> None:
         """End a decode span at the step in progress, so a newly queued request joins at the next step."""
@@ -138,7 +167,7 @@ class RequestSim:
         while self.held[model]:
             rid = self.held[model].popleft()
             if self.now - self.trace.arrival_s[rid] > MAX_WAIT_S:
-                self.tally.rejected_503 += 1
+                self._refused(rid, 503)
             else:
                 self._route(model, rid)
 
@@ -153,7 +182,7 @@ class RequestSim:
         while pod.queue and len(pod.running) < self.profile.slots:
             rid = pod.queue.popleft()
             if self.now - self.trace.arrival_s[rid] > self.profile.queue_timeout_s:
-                self.tally.rejected_429 += 1
+                self._refused(rid, 429)
                 continue
             pod.running[rid] = -int(self.trace.output_tokens[rid])  # negative: prefill pending
             prefill += int(self.trace.prompt_tokens[rid])
@@ -182,9 +211,7 @@ class RequestSim:
                 left -= steps
             if left <= 0:
                 del pod.running[rid]
-                self.finish_s[rid] = self.now
-                self.tally.served += 1
-                self.tally.e2e.add(self.now - arrival)
+                self._served(rid)
             else:
                 pod.running[rid] = left
         if pod.draining and not pod.running and not pod.queue:
@@ -193,13 +220,18 @@ class RequestSim:
         self._step(pod)
 
     # --- the autoscaler -----------------------------------------------------------------------------
-    def _tick(self) -> None:
-        ready = np.array([len(self._ready(m)) for m in range(self.models)])
-        seen = policies.Metrics(
-            running=np.array([sum(len(p.running) for p in self.replicas[m]) for m in range(self.models)], float),
-            waiting=np.array([sum(len(p.queue) for p in self.replicas[m]) for m in range(self.models)], float),
-            held=np.array([len(h) for h in self.held], float),
-            replicas=np.array([len(r) for r in self.replicas]), ready=ready, woken_at_s=self.woken_at.copy())
+    def _scrape(self) -> tuple:
+        """What Prometheus holds now: running, waiting, held, and the replicas reporting (the ready ones)."""
+        return (np.array([sum(len(p.running) for p in self.replicas[m]) for m in range(self.models)], float),
+                np.array([sum(len(p.queue) for p in self.replicas[m]) for m in range(self.models)], float),
+                np.array([len(h) for h in self.held], float),
+                np.array([len(self._ready(m)) for m in range(self.models)]))
+
+    def _tick(self, tick_s: float) -> None:
+        running, waiting, held, reporting = self.scrapes.pop(tick_s, self.before_start)
+        seen = policies.Metrics(running, waiting, held, replicas=np.array([len(r) for r in self.replicas]),
+                                ready=np.array([len(self._ready(m)) for m in range(self.models)]),
+                                woken_at_s=self.woken_at.copy(), reporting=reporting)
         desired = np.asarray(self.controller.decide(self.now, seen))
         for m in range(self.models):
             while len(self.replicas[m]) < desired[m]:
@@ -211,15 +243,17 @@ class RequestSim:
                 if victim.running or victim.queue:
                     victim.draining = True
                     self.retired.append(victim)
+        self.ticks.append((self.now, np.array([len(r) for r in self.replicas])))
 
-    def run(self, until_s: float | None = None) -> dict:
-        for rid in range(len(self.trace)):
-            self._push(float(self.trace.arrival_s[rid]), ARRIVAL, rid)
+    def run(self, until_s: float | None = None, tick_times_s=None) -> dict:
+        """Run to `until_s`; the autoscaler ticks every interval, or at `tick_times_s` (a real run's ticks)."""
         end_s = until_s if until_s is not None else float(self.trace.arrival_s[-1]) + self.interval_s
-        tick = self.interval_s
-        while tick <= end_s:
-            self._push(tick, TICK, None)
-            tick += self.interval_s
+        if tick_times_s is None:
+            tick_times_s = np.arange(self.interval_s, end_s + 1e-9, self.interval_s)
+        for tick in tick_times_s:
+            self._push(float(tick), TICK, float(tick))
+            if tick - self.scrape_lag_s > 0:
+                self._push(float(tick) - self.scrape_lag_s, SCRAPE, float(tick))
         next_sample = 0.0
         while self.events and self.events[0][0] <= end_s:
             time_s, kind, _, payload = heapq.heappop(self.events)
@@ -235,8 +269,12 @@ class RequestSim:
             elif kind == READY:
                 if payload[1] in self.replicas[payload[0]]:
                     self._release(payload[0])
+            elif kind == TIMEOUT:
+                self._timeout(*payload)
+            elif kind == SCRAPE:
+                self.scrapes[payload] = self._scrape()
             else:
-                self._tick()
+                self._tick(payload)
         self._advance(end_s)
         in_system = sum(len(p.queue) + len(p.running) for rs in self.replicas for p in rs)
         in_system += sum(len(p.queue) + len(p.running) for p in self.retired) + sum(len(h) for h in self.held)

@@ -48,6 +48,7 @@ class ServerProfile:
     memory_s: float = 0.0
     flops: float = 0.0
     load_s: float = 0.0  # weights to device; pod start comes on top (start_s)
+    pod_start_s: float = POD_START_S  # creation to the server process starting to load
 
     @property
     def queue_capacity(self) -> int:
@@ -56,7 +57,7 @@ class ServerProfile:
     @property
     def start_s(self) -> float:
         """From pod creation to ready: pod start plus weight load."""
-        return POD_START_S + self.load_s
+        return self.pod_start_s + self.load_s
 
     def step_s(self, batch, prefill_tokens=0.0):
         """Seconds for one engine step running `batch` decodes plus `prefill_tokens` prompt tokens.

@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 from flotilla_sim import experiment, fluid, policies, request_level
@@ -45,6 +47,17 @@ def test_full_queue_answers_429_and_every_request_is_accounted_for():
     assert q["rejected_429"] == 2
     assert list(np.isnan(sim.finish_s)) == [False, False, False, True, True]
     assert q["served"] + q["rejected_429"] + q["rejected_503"] + q["still_queued"] == q["arrived"] == 5
+
+
+def test_a_request_queued_past_its_timeout_is_answered_429_then():
+    # two slots busy with 50-token requests; the third waits, and its 0.25 s queue timeout runs out at 0.25
+    profile = dataclasses.replace(FLAT, queue_per_slot=2, queue_timeout_s=0.25)
+    trace = make_trace([0.0, 0.0, 0.0], [0] * 3, [10] * 3, [50] * 3)
+    counts = []
+    for until_s in (0.2, 0.3):
+        sim = RequestSim(trace, profile, policies.StaticController(np.array([1])), np.array([1]), 15.0)
+        counts.append(sim.run(until_s=until_s)["requests"]["rejected_429"])
+    assert counts == [0, 1]
 
 
 @pytest.mark.parametrize("policy", [policies.LATENCY, policies.COST_ZERO])

@@ -9,7 +9,7 @@ Tests that check queries, dashboards or the autoscaler against Prometheus use th
 
 Targets are file-based service discovery (`targets.json`, rewritten atomically, re-read within a
 second). `rule_files` loads alerting/recording rules. `query()` returns the instant vector as
-`[(labels, value)]`.
+`[(labels, value)]`; `samples()` a selector's raw samples and `query_range()` an expression over time.
 """
 
 from __future__ import annotations
@@ -142,14 +142,27 @@ class RealPrometheus:
         os.replace(tmp, self.targets_file)
 
     def query(self, promql: str) -> list[tuple[dict[str, str], float]]:
-        response = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=5.0)
-        body = response.json()
-        if body.get("status") != "success":
-            raise RuntimeError(f"query {promql!r} failed: {body.get('error', response.text)}")
-        data = body["data"]
+        data = self._data(promql)
         if data["resultType"] == "scalar":
             return [({}, float(data["result"][1]))]
         return [(r["metric"], float(r["value"][1])) for r in data["result"]]
+
+    def samples(self, selector: str, window_s: float) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
+        """The raw samples of `selector` over the last `window_s` seconds, as [(labels, [(timestamp, value)])]."""
+        result = self._data(f"{selector}[{int(window_s)}s]")["result"]
+        return [(r["metric"], [(float(t), float(v)) for t, v in r["values"]]) for r in result]
+
+    def query_range(self, promql: str, start_s: float, end_s: float, step_s: float) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
+        """`promql` evaluated every `step_s` from `start_s` to `end_s` (epoch seconds), as [(labels, [(time, value)])]."""
+        data = self._data(promql, "query_range", start=start_s, end=end_s, step=step_s)
+        return [(r["metric"], [(float(t), float(v)) for t, v in r["values"]]) for r in data["result"]]
+
+    def _data(self, promql: str, endpoint: str = "query", **params: float) -> dict:
+        response = httpx.get(f"{self.url}/api/v1/{endpoint}", params={"query": promql, **params}, timeout=5.0)
+        body = response.json()
+        if body.get("status") != "success":
+            raise RuntimeError(f"query {promql!r} failed: {body.get('error', response.text)}")
+        return body["data"]
 
     def wait_for(self, promql: str, predicate: Callable[[float], bool] = lambda _: True,
                  timeout_s: float = 30.0) -> float:

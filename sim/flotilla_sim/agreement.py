@@ -1,0 +1,78 @@
+"""Does a simulated replica timeline agree with a real one? The rule of the issue's first must-show.
+
+Both timelines are (tick time, replicas after that tick's decision) at the same ticks: the replay
+(replay.py) ticks when the real operator did. They agree when
+- at every tick the replica counts differ by at most `replicas_tolerance` (1), and
+- the scale-up moment (the first tick whose count is above the count both started from) and the
+  scale-down moment (the first tick whose count is below the one before) exist in both or in neither,
+  and fall within `moment_tolerance_intervals` (2) autoscaler intervals of each other.
+Pure, so the rule is tested on hand-made timelines (tests/sim/test_agreement.py) and the e2e tests
+only record and call it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Timeline = list[tuple[float, int]]
+
+
+def scale_moments(timeline: Timeline, initial: int) -> dict[str, float | None]:
+    """When a timeline that started at `initial` replicas first scales up, and first scales down."""
+    counts = [initial] + [n for _, n in timeline]
+    up = next((t for t, n in timeline if n > initial), None)
+    down = next((t for i, (t, n) in enumerate(timeline) if n < counts[i]), None)
+    return {"up": up, "down": down}
+
+
+@dataclass(frozen=True)
+class Agreement:
+    rows: list[tuple[float, int, int]]  # (tick time, real replicas, simulated replicas)
+    real_moments: dict[str, float | None]
+    sim_moments: dict[str, float | None]
+    interval_s: float
+    replicas_tolerance: int
+    moment_tolerance_intervals: float
+
+    def problems(self) -> list[str]:
+        found = [f"t={t:.1f}s: real {real}, simulated {sim}" for t, real, sim in self.rows
+                 if abs(real - sim) > self.replicas_tolerance]
+        limit_s = self.moment_tolerance_intervals * self.interval_s
+        for kind in ("up", "down"):
+            real, sim = self.real_moments[kind], self.sim_moments[kind]
+            if (real is None) != (sim is None):
+                found.append(f"scale-{kind}: real at {real}, simulated at {sim}")
+            elif real is not None and sim is not None and abs(real - sim) > limit_s:
+                found.append(f"scale-{kind}: real at {real:.1f}s, simulated at {sim:.1f}s (more than {limit_s:g}s apart)")
+        return found
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems()
+
+    def table(self, notes: list[str] | None = None) -> str:
+        """Both timelines side by side (with a note per tick), the moments, and the verdict."""
+        notes = notes or [""] * len(self.rows)
+        lines = ["   tick s  real  sim"]
+        for (t, real, sim), note in zip(self.rows, notes, strict=True):
+            off = f"  <-- off by more than {self.replicas_tolerance}" if abs(real - sim) > self.replicas_tolerance else ""
+            lines.append(f"  {t:7.2f}  {real:4d} {sim:4d}  {note}{off}")
+        for kind in ("up", "down"):
+            lines.append(f"  scale-{kind}: real {_at(self.real_moments[kind])}, simulated {_at(self.sim_moments[kind])}")
+        lines.append("  agree" if self.ok else "  DISAGREE: " + "; ".join(self.problems()))
+        return "\n".join(lines)
+
+
+def _at(time_s: float | None) -> str:
+    return "never" if time_s is None else f"{time_s:.1f}s"
+
+
+def compare(real: Timeline, simulated: Timeline, initial: int, interval_s: float, replicas_tolerance: int = 1,
+            moment_tolerance_intervals: float = 2.0) -> Agreement:
+    """Pair the two timelines tick by tick (the simulated one replays the real ticks, so times pair up);
+    both started from `initial` replicas."""
+    if len(real) != len(simulated):
+        raise ValueError(f"the timelines must share their ticks: {len(real)} real, {len(simulated)} simulated")
+    rows = [(t, r, s) for (t, r), (_, s) in zip(real, simulated, strict=True)]
+    return Agreement(rows, scale_moments(real, initial), scale_moments(simulated, initial), interval_s, replicas_tolerance,
+                     moment_tolerance_intervals)

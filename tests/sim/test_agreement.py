@@ -1,0 +1,46 @@
+"""The agreement rule between a real replica timeline and a simulated one, on hand-made timelines."""
+
+from flotilla_sim.agreement import compare, scale_moments
+
+CYCLE = [(1.0, 1), (3.0, 3), (5.0, 3), (7.0, 3), (9.0, 2), (11.0, 1), (13.0, 1)]
+
+
+def _with(timeline, **changes):
+    """`timeline` with the replicas at the given tick times (t1=..., t3=...) replaced."""
+    replaced = {float(k[1:]): v for k, v in changes.items()}
+    return [(t, replaced.get(t, n)) for t, n in timeline]
+
+
+def test_moments_are_the_first_rise_above_the_start_and_the_first_fall():
+    assert scale_moments(CYCLE, initial=1) == {"up": 3.0, "down": 9.0}
+    assert scale_moments([(2.0, 1), (4.0, 0), (6.0, 0)], initial=1) == {"up": None, "down": 4.0}
+    # a timeline whose first tick already scaled still has its moment there
+    assert scale_moments([(2.0, 3), (4.0, 3)], initial=1) == {"up": 2.0, "down": None}
+
+
+def test_identical_timelines_agree():
+    agreement = compare(CYCLE, CYCLE, initial=1, interval_s=2.0)
+    assert agreement.ok and agreement.problems() == []
+    assert "agree" in agreement.table()
+
+
+def test_one_off_at_a_tick_agrees_two_off_does_not():
+    assert compare(CYCLE, _with(CYCLE, t9=3), initial=1, interval_s=2.0).ok
+    two_off = compare(CYCLE, _with(CYCLE, t3=1), initial=1, interval_s=2.0)
+    assert not two_off.ok
+    assert two_off.problems()[0] == "t=3.0s: real 3, simulated 1"
+    assert "<-- off by more than 1" in two_off.table()
+
+
+def test_moments_may_differ_by_two_intervals_not_more():
+    real = [(1.0, 1), (3.0, 3), (5.0, 3), (7.0, 3), (9.0, 2), (11.0, 2), (13.0, 2), (15.0, 1)]
+    two_late = _with(real, t9=3, t11=3)  # scale-down at 13 instead of 9: two intervals of 2 s
+    assert compare(real, two_late, initial=1, interval_s=2.0).ok
+    assert compare(real, two_late, initial=1, interval_s=1.5).problems() == [
+        "scale-down: real at 9.0s, simulated at 13.0s (more than 3s apart)"]
+
+
+def test_a_moment_in_one_timeline_only_disagrees():
+    never_down = _with(CYCLE, t9=3, t11=3, t13=3)
+    problems = compare(CYCLE, never_down, initial=1, interval_s=2.0).problems()
+    assert any(p.startswith("scale-down: real at 9.0, simulated at None") for p in problems)
