@@ -34,7 +34,6 @@ from tests.support.dashboard_eval import failing_queries
 from tests.support.hf_models import make_hf_model_dir
 from tests.support.prometheus import RealPrometheus, Target
 
-
 KV_BYTES = 4 * 2**20
 # "big" takes long enough to load that a resident model's steps can be counted during its load
 BIG = {"hidden_size": 384, "intermediate_size": 1024, "num_hidden_layers": 6, "num_attention_heads": 6,
