@@ -29,9 +29,18 @@ def infeasible_reason(
             f"prompt ({num_prompt_tokens} tokens) plus max_tokens ({max_tokens}) is {total}, over the "
             f"model's context of {max_model_len} tokens; shorten the prompt or lower max_tokens"
         )
-    if blocks_for(total, block_size) > num_blocks:
+    needed = blocks_needed(num_prompt_tokens, max_tokens, block_size, n)
+    if needed > num_blocks:
+        choices = f" for {n} choices" if n > 1 else ""
         return (
-            f"prompt plus max_tokens needs {blocks_for(total, block_size)} KV blocks but the pool has "
-            f"{num_blocks}; lower max_tokens or start the server with a larger KV cache"
+            f"prompt plus max_tokens{choices} needs {needed} KV blocks but the pool has "
+            f"{num_blocks}; lower max_tokens{' or n' if n > 1 else ''} or start the server with a larger KV cache"
         )
     return None
+
+
+def blocks_needed(num_prompt_tokens: int, max_tokens: int, block_size: int, n: int = 1) -> int:
+    """The blocks `n` choices hold at their longest: they run together, sharing the prompt's full blocks, and
+    each owns the rest (the prompt's partial last block and its own tokens)."""
+    total = blocks_for(num_prompt_tokens + max_tokens, block_size)
+    return total + (n - 1) * (total - num_prompt_tokens // block_size)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 
+from flotilla_server.engine.feasibility import blocks_needed
 from flotilla_server.engine.kv_pool import BlockPool
 from flotilla_server.engine.sampling_params import SamplingParams
 from flotilla_server.engine.scheduler import Scheduler, infeasible_reason
@@ -90,7 +91,7 @@ def test_random_traffic_keeps_invariants_and_finishes_every_feasible_request(sc)
             i, (_, prompt_len, max_tokens, ignore_eos, cancel, n) = pending.pop(0)
             if infeasible_reason(prompt_len, max_tokens, max_model_len, pool.num_blocks, pool.block_size, n,
                                  sched.max_num_seqs):
-                assert (prompt_len + max_tokens + pool.block_size - 1) // pool.block_size > pool.num_blocks \
+                assert blocks_needed(prompt_len, max_tokens, pool.block_size, n) > pool.num_blocks \
                     or n > sched.max_num_seqs
                 continue
             (seq,) = new_request(f"r{i}", [[rng.randrange(1, 50) for _ in range(prompt_len)]],
