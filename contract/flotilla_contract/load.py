@@ -11,6 +11,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 LOAD_PATH = "/flotilla/v1/load"
+# The gateway names each request's prompt prefix (a hash of its routing key) in this header; a server reports
+# back which of those names its prefix cache holds (ServerLoad.prefix_keys), for `prefix` routing.
+PREFIX_KEY_HEADER = "X-Flotilla-Prefix-Key"
+PREFIX_KEY_MAX_CHARS = 64
 
 ModelState = Literal["loaded", "loading", "available"]
 
@@ -38,3 +42,6 @@ class ServerLoad(BaseModel):
     models: list[ModelLoad] = Field(default_factory=list)
     memory_budget_bytes: int | None = Field(None, ge=0, description="A pool server's memory budget.")
     memory_free_bytes: int | None = Field(None, ge=0, description="Budget not held by loaded models.")
+    prefix_keys: list[str] = Field(default_factory=list, description=(
+        "Prefix keys (PREFIX_KEY_HEADER values of recent requests) whose prompt blocks the prefix cache holds now, "
+        "most recent first."))

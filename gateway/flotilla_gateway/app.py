@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 from flotilla_contract.flags import DEFAULT_MAX_BODY_BYTES
 from flotilla_contract.labels import CLASS_HEADER, TENANT_HEADER
+from flotilla_contract.load import PREFIX_KEY_HEADER
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -238,7 +239,7 @@ def _upstream_headers(request: Request, tenant: Tenant | None, upstream_key: str
     """The client's headers minus hop-by-hop ones; with keys on, the gateway's tenant replaces the client's
     tenant and class headers, and the key itself stays here. With an upstream key, the servers get it in
     place of the client's."""
-    stripped = set(HOP_BY_HOP) | {"accept-encoding"}
+    stripped = set(HOP_BY_HOP) | {"accept-encoding", PREFIX_KEY_HEADER.lower()}  # the gateway names prefixes
     if tenant is not None:
         stripped |= {"authorization", TENANT_HEADER.lower(), CLASS_HEADER.lower()}
     if upstream_key is not None:

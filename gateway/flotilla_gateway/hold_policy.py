@@ -88,8 +88,8 @@ def pod_room(pod: PodView) -> int:
     if pod.load_age_s is None:
         return max(0, UNKNOWN_POD_ROOM - pod.in_flight)
     if pod.queue_capacity <= 0:
-        return max(0, pod.slots - max(pod.in_flight, pod.running + pod.waiting))
-    return max(0, pod.queue_capacity - max(pod.in_flight, pod.running + pod.waiting))
+        return max(0, pod.slots - pod.load)
+    return max(0, pod.queue_capacity - pod.load)
 
 
 def releasable(pods: list[PodView] | tuple[PodView, ...], held: int) -> int:

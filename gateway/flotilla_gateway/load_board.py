@@ -1,6 +1,10 @@
 """What the gateway knows of each pod's load: its own in-flight count (instant) and the figures the pod
 publishes at LOAD_PATH (polled every `poll_interval_s`), including, on a pool pod, each model's state. A pod
-never read, or read too long ago, counts as saturated in routing (routing.STALE_AFTER_S)."""
+never read, or read too long ago, counts as saturated in routing (routing.STALE_AFTER_S).
+
+Which pods hold a prefix comes from the same reports (their `prefix_keys`), and, for SENT_GRACE_S after
+this gateway sends a key somewhere, from that send: a prompt's blocks reach the cache only once its prefill
+is done, and the requests that follow it meanwhile should follow it there."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from flotilla_gateway.residency import Residence
 from flotilla_gateway.routing import PodView
 
 DEFAULT_POLL_INTERVAL_S = 0.25
+SENT_GRACE_S = 10.0  # a queued 1,024-token prefill on a busy CPU server takes seconds
 
 
 class LoadBoard:
@@ -24,7 +29,29 @@ class LoadBoard:
         self.poll_interval_s = poll_interval_s
         self.in_flight: dict[str, int] = {}
         self.reports: dict[str, tuple[ServerLoad, float]] = {}  # address → (report, monotonic time read)
+        self.cached_keys: dict[str, frozenset[str]] = {}  # address → its report's prefix_keys
+        self._sent: dict[str, tuple[str, float]] = {}  # prefix key → (address last sent to, monotonic time)
+        self._pending: dict[str, set[str]] = {}  # address → keys sent there, within the grace, not yet reported
         self._task: asyncio.Task[None] | None = None
+
+    def note_sent(self, key: str, address: str) -> None:
+        self._sent[key] = (address, time.monotonic())
+        if key not in self.cached_keys.get(address, ()):
+            self._pending.setdefault(address, set()).add(key)
+
+    def holders(self, key: str) -> frozenset[str]:
+        """The pods holding the prefix `key`: by their reports, or sent it within SENT_GRACE_S."""
+        found = {a for a, keys in self.cached_keys.items() if key in keys}
+        sent = self._sent.get(key)
+        if sent is not None and time.monotonic() - sent[1] <= SENT_GRACE_S:
+            found.add(sent[0])
+        return frozenset(found)
+
+    def _forget_old_sends(self) -> None:
+        now = time.monotonic()
+        self._sent = {k: sent for k, sent in self._sent.items() if now - sent[1] <= SENT_GRACE_S}
+        self._pending = {a: {k for k in keys if self._sent.get(k, ("",))[0] == a and k not in self.cached_keys.get(a, ())}
+                         for a, keys in self._pending.items()}
 
     def view(self, address: str, now: float | None = None) -> PodView:
         now = time.monotonic() if now is None else now
@@ -35,7 +62,8 @@ class LoadBoard:
         load, read_at = report
         return PodView(address, in_flight=in_flight, waiting=load.waiting, running=load.running, slots=load.slots,
                        queue_capacity=load.queue_capacity, kv_usage=load.kv_usage, load_age_s=now - read_at,
-                       accepting=load.ready)
+                       accepting=load.ready,
+                       num_prefix_keys=len(self.cached_keys.get(address, ())) + len(self._pending.get(address, ())))
 
     def views(self, addresses: Iterable[str]) -> list[PodView]:
         now = time.monotonic()
@@ -79,7 +107,9 @@ class LoadBoard:
             addresses = pods()
             for gone in set(self.reports) - addresses:
                 del self.reports[gone]
+                self.cached_keys.pop(gone, None)
             await asyncio.gather(*(self._read(session, a, timeout) for a in addresses))
+            self._forget_old_sends()
             on_update()
             await asyncio.sleep(self.poll_interval_s)
 
@@ -88,6 +118,8 @@ class LoadBoard:
             async with session.get(f"http://{address}{LOAD_PATH}", timeout=timeout) as response:
                 if response.status != 200:
                     return  # a server without the endpoint stays stale: routing treats it as saturated
-                self.reports[address] = (ServerLoad.model_validate_json(await response.read()), time.monotonic())
+                report = ServerLoad.model_validate_json(await response.read())
+                self.reports[address] = (report, time.monotonic())
+                self.cached_keys[address] = frozenset(report.prefix_keys)
         except (aiohttp.ClientError, TimeoutError, ValidationError, OSError):
             return

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
+from flotilla_contract.load import PREFIX_KEY_HEADER
 from starlette.types import Receive, Scope, Send
 
 from flotilla_gateway.errors import GatewayError
@@ -24,7 +25,7 @@ from flotilla_gateway.load_board import LoadBoard
 from flotilla_gateway.metrics import GatewayMetrics
 from flotilla_gateway.residency import place
 from flotilla_gateway.route_map import ModelRoute
-from flotilla_gateway.routing import PodView, Policy, choose, retry_has_room
+from flotilla_gateway.routing import PodView, Policy, choose, prefix_key_name, retry_has_room
 
 MAX_RETRIES = 2
 RETRY_STATUSES = (502, 503, 504)
@@ -56,12 +57,14 @@ class Proxy:
     def _pick(self, route: ModelRoute, key: str, policy: Policy, tried: set[str]) -> str | None:
         started = time.perf_counter()
         untried = [p for p in route.pods if p not in tried]
-        pod = choose(self.board.views(untried), key, policy) if route.pool is None else \
-            self._pick_resident(route, untried, key, policy)
+        holders = self.board.holders(prefix_key_name(key)) if policy == "prefix" else frozenset()
+        pod = choose(self.board.views(untried), key, policy, holders) if route.pool is None else \
+            self._pick_resident(route, untried, key, policy, holders)
         self.metrics.routing_seconds.labels(route.name, route.namespace, policy).observe(time.perf_counter() - started)
         return pod.address if pod is not None else None
 
-    def _pick_resident(self, route: ModelRoute, addresses: list[str], key: str, policy: Policy) -> PodView | None:
+    def _pick_resident(self, route: ModelRoute, addresses: list[str], key: str, policy: Policy,
+                       holders: frozenset[str]) -> PodView | None:
         """A pooled model: the residency tier first (loaded, loading, free budget, oldest LRU), then the policy."""
         if not addresses:
             return None
@@ -73,13 +76,16 @@ class Proxy:
         else:
             self.pressed_since[model] = placement.pressed_since_s
         self.metrics.residency.labels(route.name, route.namespace, placement.tier).inc()
-        return choose(placement.pods, key, policy)
+        return choose(placement.pods, key, policy, holders)
 
     async def forward(self, route: ModelRoute, path: str, body: bytes, headers: dict[str, str], key: str,
                       policy: Policy, outcome: Outcome, on_done: Callable[[], None]) -> Relay:
         """The pod's response, streaming; GatewayError when no pod could answer. `on_done` runs once the
-        stream ends, however it ends. The first pod is picked before the first await (see activator)."""
+        stream ends, however it ends. The first pod is picked before the first await (see activator). `key`:
+        the routing key; the servers know it by its name (PREFIX_KEY_HEADER)."""
         last_error, retry_reason = "no ready pod", ""
+        name = prefix_key_name(key)
+        headers = {**headers, PREFIX_KEY_HEADER: name}
         while outcome.attempts <= MAX_RETRIES:
             address = self._pick(route, key, policy, outcome.tried)
             if address is None:
@@ -90,6 +96,8 @@ class Proxy:
             outcome.tried.add(address)
             outcome.pod = address
             self.board.in_flight[address] = self.board.in_flight.get(address, 0) + 1
+            if policy == "prefix":
+                self.board.note_sent(name, address)
             started = time.monotonic()
             try:
                 upstream = await self.session.post(f"http://{address}{path}", data=body, headers=headers,

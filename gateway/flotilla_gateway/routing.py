@@ -1,17 +1,24 @@
-"""Which pod gets a request: a pure decision, `choose(pods, key, policy)` (docs/gateway.md, "Routing").
+"""Which pod gets a request: a pure decision, `choose(pods, key, policy, holders)` (docs/gateway.md, "Routing").
 
 It reads only the figures handed to it, so several gateway replicas given the same figures make the same
 choice without sharing state, and the fleet simulator can import it as it is.
 
 Rules:
+- a pod's load is the server's own count of requests (running + waiting: every gateway's and every direct
+  client's), or the gateway's in-flight count when that is higher (sent since the last report);
 - a pod is saturated when its load figures are stale (older than STALE_AFTER_S, or never seen), it reports
   that it takes no new work (draining), its admission queue is full, or its KV cache is full; saturated
   pods are filtered out unless all are;
-- `least-load`: fewest in-flight (the gateway's own count) + waiting (the server's), then lowest KV usage;
-- `prefix`: consistent hashing with bounded loads (CHWBL, KubeAI's PrefixHash): VIRTUAL_NODES points per pod
-  on a hash ring; walk clockwise from the key's hash to the first pod whose load + 1 stays within
-  ceil(LOAD_BOUND × the mean load counting this request). With the ceiling the least-loaded pod always
-  fits, so the walk always ends on the ring (Mirrokni, Thorup and Zadimoghaddam's bound).
+- `least-load`: least load, then lowest KV usage;
+- `prefix`: a request goes where its prefix is cached, within a load bound. The bound is consistent
+  hashing's with bounded loads (CHWBL, KubeAI's PrefixHash): a pod may take a request while its load + 1
+  stays within ceil(LOAD_BOUND × the mean load counting this request); with the ceiling the least-loaded
+  pod always fits. `holders` are the pods whose prefix cache holds the key (their load reports) or that
+  this gateway just sent it to: the least-loaded holder within the bound gets it. Otherwise (a cold key, or
+  every holder too busy) the pod within the bound holding the fewest prefixes (`num_prefix_keys`) gets it,
+  ties broken by the key's walk on a hash ring of VIRTUAL_NODES points per pod, so that cold keys spread
+  evenly over the caches instead of by the luck of the hash (six keys on three pods split 2-2-2 only 12 %
+  of the time).
 """
 
 from __future__ import annotations
@@ -45,10 +52,11 @@ class PodView:
     kv_usage: float = 0.0
     load_age_s: float | None = None  # seconds since its load report was read; None: never read
     accepting: bool = True  # the report's `ready`: loaded and not draining
+    num_prefix_keys: int = 0  # prefixes its cache holds (its report), plus ones this gateway just sent it
 
     @property
     def load(self) -> int:
-        return self.in_flight + self.waiting
+        return max(self.in_flight, self.running + self.waiting)
 
 
 def is_saturated(pod: PodView) -> bool:
@@ -67,14 +75,21 @@ def candidates(pods: list[PodView] | tuple[PodView, ...]) -> list[PodView]:
     return fresh or list(pods)
 
 
-def choose(pods: list[PodView] | tuple[PodView, ...], key: str, policy: Policy) -> PodView | None:
-    """The pod for a request with routing key `key`; None when there is no pod."""
+def choose(pods: list[PodView] | tuple[PodView, ...], key: str, policy: Policy,
+           holders: frozenset[str] = frozenset()) -> PodView | None:
+    """The pod for a request with routing key `key`; None when there is no pod. `holders`: the addresses
+    holding the key's prefix (`prefix` only)."""
     pool = candidates(pods)
     if not pool:
         return None
     if policy == "prefix":
-        return _bounded_hash(pool, key)
+        return _prefix(pool, key, holders)
     return min(pool, key=lambda p: (p.load, p.kv_usage, p.address))
+
+
+def prefix_key_name(key: str) -> str:
+    """The name the servers know a routing key by (flotilla_contract.load.PREFIX_KEY_HEADER): 16 hex digits."""
+    return f"{_hash(key):016x}"
 
 
 def _hash(text: str) -> int:
@@ -88,21 +103,26 @@ def _ring(addresses: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[str, ...]]
     return tuple(h for h, _ in points), tuple(a for _, a in points)
 
 
-def _bounded_hash(pool: list[PodView], key: str) -> PodView:
-    by_address = {p.address: p for p in pool}
-    hashes, owners = _ring(tuple(sorted(by_address)))
-    total = sum(p.load for p in pool)
-    bound = load_bound(total, len(pool))
+def _prefix(pool: list[PodView], key: str, holders: frozenset[str]) -> PodView:
+    bound = load_bound(sum(p.load for p in pool), len(pool))
+    fits = [p for p in pool if p.load + 1 <= bound]  # never empty: the least-loaded pod fits
+    warm = [p for p in fits if p.address in holders]
+    if warm:
+        return min(warm, key=lambda p: (p.load, p.address))
+    walk = _walk({p.address for p in pool}, key)
+    return min(fits, key=lambda p: (p.num_prefix_keys, walk[p.address]))
+
+
+def _walk(addresses: set[str], key: str) -> dict[str, int]:
+    """Each pod's place in the walk clockwise from the key's hash on the ring (0: the key's home)."""
+    hashes, owners = _ring(tuple(sorted(addresses)))
     start = bisect.bisect_left(hashes, _hash(key)) % len(hashes)
-    seen: set[str] = set()
+    order: dict[str, int] = {}
     for step in range(len(hashes)):
-        address = owners[(start + step) % len(hashes)]
-        if address in seen:
-            continue
-        seen.add(address)
-        if by_address[address].load + 1 <= bound:
-            return by_address[address]
-    raise AssertionError("no pod within the load bound: the bound's ceiling makes this impossible")
+        order.setdefault(owners[(start + step) % len(hashes)], len(order))
+        if len(order) == len(addresses):
+            break
+    return order
 
 
 def load_bound(total_load: int, num_pods: int) -> int:
@@ -126,11 +146,14 @@ def _text(content: Any) -> str:
 
 
 def routing_key(model: str, endpoint: str, body: dict[str, Any]) -> str:
-    """The prefix key: the model, then the first KEY_CHARS of the system prompt followed by the first user
-    message (chat), or of the prompt (completions): the start of what the server will see, so requests
-    sharing a prefix share a key. A system prompt of KEY_CHARS or more is the whole key (every request of a
-    tenant lands where its prompt is cached); a shorter one lets the first user message in (a conversation
-    keeps its pod as it grows)."""
+    """The prefix key: the model and the request's `cache_salt` if any (its blocks are its salt's alone),
+    then the first KEY_CHARS of the system prompt followed by the first user message (chat), or of the prompt
+    (completions): the start of what the server will see, so requests sharing a prefix share a key. A system
+    prompt of KEY_CHARS or more is the whole key (every request of a tenant lands where its prompt is
+    cached); a shorter one lets the first user message in (a conversation keeps its pod as it grows)."""
+    salt = body.get("cache_salt")
+    if isinstance(salt, str):
+        model = f"{model}\x00salt:{salt}"
     if endpoint == "chat":
         messages = body.get("messages") if isinstance(body.get("messages"), list) else []
         system = "".join(_text(m.get("content")) for m in messages

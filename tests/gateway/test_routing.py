@@ -1,4 +1,5 @@
-"""routing.choose as a table and as properties: the saturation filter, least-load and bounded prefix hashing."""
+"""routing.choose as a table and as properties: the saturation filter, least-load, and prefix routing (holders
+first, cold keys spread over the caches, all within CHWBL's load bound)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from flotilla_gateway.routing import (
     default_policy,
     is_saturated,
     load_bound,
+    prefix_key_name,
     retry_has_room,
     routing_key,
 )
@@ -45,7 +47,8 @@ def test_saturation(view: PodView, saturated: bool) -> None:
 @pytest.mark.parametrize(("pods", "expected"), [
     ([], None),
     ([pod("a", in_flight=3), pod("b", in_flight=1), pod("c", in_flight=2)], "b"),
-    ([pod("a", in_flight=1, waiting=5), pod("b", in_flight=3)], "b"),  # in-flight + waiting
+    ([pod("a", in_flight=1, waiting=5), pod("b", in_flight=3)], "b"),  # the server's count when higher
+    ([pod("a", in_flight=4, waiting=1), pod("b", in_flight=3, waiting=2)], "b"),  # the gateway's when higher
     ([pod("a", in_flight=1, kv=0.5), pod("b", in_flight=1, kv=0.2)], "b"),  # tie: lower KV usage
     ([pod("a"), pod("b")], "a"),  # full tie: by address, so replicas agree
     ([pod("a", age=None), pod("b", in_flight=9)], "b"),  # stale a is filtered out, though idler
@@ -108,6 +111,42 @@ def test_prefix_overflows_a_loaded_pod_and_moves_few_keys_when_one_leaves() -> N
     assert all(before[k] == "p2" for k in moved)  # only the leaving pod's keys move
 
 
+def test_prefix_follows_the_pods_holding_the_key_within_the_bound() -> None:
+    pods = [pod(f"p{i}") for i in range(3)]
+    home = choose(pods, "k", "prefix")
+    other = next(p for p in pods if p != home)
+    assert choose(pods, "k", "prefix", frozenset({other.address})) == other  # cached there: not at its home
+    busy = [pod(p.address, in_flight=1) if p == other else p for p in pods]
+    assert choose(busy, "k", "prefix", frozenset({home.address, other.address})) == home  # the idler holder
+    over = [pod(p.address, in_flight=9) if p == other else p for p in pods]
+    assert choose(over, "k", "prefix", frozenset({other.address})) != other  # over the bound: spills
+
+
+def test_a_cold_key_goes_to_the_pod_holding_the_fewest_prefixes() -> None:
+    pods = [PodView(f"p{i}", load_age_s=0.1, num_prefix_keys=n) for i, n in enumerate((2, 1, 3))]
+    assert choose(pods, "k", "prefix").address == "p1"
+    full = [PodView(p.address, load_age_s=0.1, num_prefix_keys=5, in_flight=9 if p.address == "p1" else 0)
+            for p in pods]
+    assert choose(full, "k", "prefix") != choose(pods, "k", "prefix")  # p1 over the bound; a tie: the ring
+
+
+def test_six_cold_keys_split_two_per_pod_on_three_pods() -> None:
+    """With each pod's prefix count fed back (as load reports do), keys spread evenly whatever their hashes."""
+    for trial in range(50):
+        counts = {f"p{i}": 0 for i in range(3)}
+        for k in range(6):
+            views = [PodView(a, load_age_s=0.1, num_prefix_keys=n) for a, n in counts.items()]
+            counts[choose(views, f"trial-{trial}-tenant-{k}", "prefix").address] += 1
+        assert sorted(counts.values()) == [2, 2, 2]
+
+
+def test_the_prefix_key_name_is_sixteen_hex_digits_and_a_salt_changes_the_key() -> None:
+    name = prefix_key_name(routing_key("m", "completions", {"prompt": "p"}))
+    assert len(name) == 16 and int(name, 16) >= 0
+    assert routing_key("m", "completions", {"prompt": "p", "cache_salt": "a"}) != routing_key(
+        "m", "completions", {"prompt": "p", "cache_salt": "b"})
+
+
 def test_retry_has_room() -> None:
     pods = [pod("a"), pod("b", waiting=16)]
     assert retry_has_room(pods, {"b"})
@@ -146,11 +185,14 @@ def test_least_load_takes_a_least_loaded_candidate(pods: list[PodView], key: str
 
 
 @settings(max_examples=300, deadline=None)
-@given(pods=pod_lists, key=st.text(max_size=50))
-def test_prefix_respects_the_load_bound(pods: list[PodView], key: str) -> None:
-    chosen = choose(pods, key, "prefix")
+@given(pods=pod_lists, key=st.text(max_size=50), holders=st.sets(st.sampled_from([f"10.0.0.{i}:8000" for i in range(8)])))
+def test_prefix_respects_the_load_bound_and_prefers_holders(pods: list[PodView], key: str, holders: set[str]) -> None:
+    chosen = choose(pods, key, "prefix", frozenset(holders))
     if pods:
         pool = candidates(pods)
-        assert chosen.load + 1 <= load_bound(sum(p.load for p in pool), len(pool))
-        assert choose(list(reversed(pods)), key, "prefix") == chosen  # order of the list does not matter
+        bound = load_bound(sum(p.load for p in pool), len(pool))
+        assert chosen.load + 1 <= bound
+        if any(p.address in holders and p.load + 1 <= bound for p in pool):
+            assert chosen.address in holders
+        assert choose(list(reversed(pods)), key, "prefix", frozenset(holders)) == chosen  # list order: no matter
 

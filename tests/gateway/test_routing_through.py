@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+from flotilla_gateway.routing import PodView, choose, prefix_key_name, routing_key
 
 from tests.gateway.conftest import Fleet
 from tests.support.gateway_cluster import inference_model, join_pool, model_pool, publish
@@ -138,6 +139,27 @@ def test_least_load_avoids_the_deep_queue(fleet: Fleet) -> None:
     asyncio.run(send())
     counts = {a: fleet.pods.states[a].requests for a in (busy, *others)}
     assert counts[busy] < 60 / 6, counts
+
+
+def test_prefix_routing_follows_the_pod_whose_cache_holds_the_prompt(fleet: Fleet) -> None:
+    pods = fleet.model("prefixed", 3)
+    wait(lambda: fleet.routed("prefixed", 3))
+    body = {"model": "prefixed", "messages": [{"role": "system", "content": "A tenant's long system prompt."},
+                                              {"role": "user", "content": "hi"}], "max_tokens": 2}
+    name = prefix_key_name(routing_key("prefixed", "chat", body))
+    home = choose([PodView(a, load_age_s=0.1) for a in pods], routing_key("prefixed", "chat", body), "prefix")
+    holder = next(a for a in pods if a != home.address)
+    fleet.pods.states[holder].load = {**fleet.pods.states[holder].load, "prefix_keys": [name]}
+    time.sleep(0.6)  # two polls
+    served = [httpx.post(fleet.gateway.url + "/v1/chat/completions", json=body, timeout=30).json()["served_by"]
+              for _ in range(4)]
+    assert served == [holder] * 4  # where the prompt is cached, not the key's home on the ring
+    headers = {k.lower(): v for k, v in fleet.pods.states[holder].last_headers.items()}
+    assert headers["x-flotilla-prefix-key"] == name
+    spoofed = httpx.post(fleet.gateway.url + "/v1/chat/completions", json=body, timeout=30,
+                         headers={"X-Flotilla-Prefix-Key": "0" * 16})  # a client cannot pick another's key
+    assert spoofed.json()["served_by"] == holder
+    assert {k.lower(): v for k, v in fleet.pods.states[holder].last_headers.items()}["x-flotilla-prefix-key"] == name
 
 
 def test_client_disconnect_closes_the_upstream(fleet: Fleet) -> None:

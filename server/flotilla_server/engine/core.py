@@ -22,6 +22,7 @@ from flotilla_server.engine.memory_facts import host_capacity_bytes, profile_ste
 from flotilla_server.engine.model_runner import ModelRunner
 from flotilla_server.engine.outputs import EngineStats, RequestOutput, StepListener, StepRecord, TokenLogprobs
 from flotilla_server.engine.pool_sizing import MemoryFacts, plan_pool
+from flotilla_server.engine.prefix_keys import REFRESH_S as PREFIX_KEYS_REFRESH_S
 from flotilla_server.engine.sampling_params import SamplingParams
 from flotilla_server.engine.scheduler import Scheduler, infeasible_reason
 from flotilla_server.engine.sequence import Sequence as Seq
@@ -75,6 +76,8 @@ class EngineCore:
         self._listeners: list[StepListener] = []
         self._last_step_s = 0.0
         self.last_record: StepRecord | None = None
+        self._resident_keys: tuple[str, ...] = ()
+        self._resident_keys_at = -PREFIX_KEYS_REFRESH_S
 
     def _gpu_facts(self, facts: MemoryFacts, dtype: torch.dtype) -> MemoryFacts:
         """Profile one step at max_num_batched_tokens; everything else on the device is someone else's."""
@@ -203,6 +206,9 @@ class EngineCore:
         self._listeners.append(listener)
 
     def stats(self) -> EngineStats:
+        now = time.monotonic()
+        if now - self._resident_keys_at >= PREFIX_KEYS_REFRESH_S:
+            self._resident_keys, self._resident_keys_at = self.scheduler.prefix_keys.resident(self.pool.holds), now
         return EngineStats(
             num_waiting=len(self.scheduler.waiting),
             num_running=self.scheduler.num_slots_used,
@@ -215,4 +221,5 @@ class EngineCore:
             num_preemptions=self.scheduler.preemptions,
             deferrals=dict(self.scheduler.deferrals),
             last_step_duration_s=self._last_step_s,
+            prefix_keys=self._resident_keys,
         )

@@ -109,6 +109,10 @@ class BlockPool:
             ids.append(i)
         return ids
 
+    def holds(self, block_hash: BlockHash) -> bool:
+        """Whether some block, in use or cached free, holds `block_hash`."""
+        return block_hash in self._block_of
+
     def num_free_in(self, block_ids: Seq[int]) -> int:
         """How many of `block_ids` are free (taking them uses up free blocks)."""
         return sum(1 for i in block_ids if self._ref_counts[i] == 0)

@@ -65,6 +65,7 @@ class EngineStats:
     prefix_cache_hits: int = 0  # of those, tokens found
     deferrals: dict[str, int] = field(default_factory=dict)  # refused admissions by reason, since start
     last_step_duration_s: float = 0.0
+    prefix_keys: tuple[str, ...] = ()  # gateway prefix keys the prefix cache holds (engine/prefix_keys.py)
 
 
 StepListener = Callable[[StepRecord], None]  # told of every step, on the engine thread

@@ -30,6 +30,7 @@ class SamplingParams:
     cache_salt: str | None = None  # prefix-cache tenant: requests with different salts never share KV blocks
     n: int = 1  # choices per prompt: forks of one prefill that share the prompt's blocks
     logprobs: int | None = None  # None: none; k: each sampled token's raw logprob and the k likeliest (0..20)
+    prefix_key: str | None = None  # the gateway's name for the prompt's prefix (engine/prefix_keys.py)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -30,6 +30,7 @@ from collections.abc import Collection
 from flotilla_server.engine.block_hash import extend_hashes
 from flotilla_server.engine.feasibility import infeasible_reason  # noqa: F401 (the scheduler's rule, re-exported)
 from flotilla_server.engine.kv_pool import BlockPool
+from flotilla_server.engine.prefix_keys import PrefixKeyIndex
 from flotilla_server.engine.sequence import Sequence, SequenceStatus
 from flotilla_server.engine.step_plan import ScheduledChunk, StepPlan
 from flotilla_server.engine.stopping import token_finish_reason
@@ -62,6 +63,7 @@ class Scheduler:
         self.prefix_cache_queries = 0  # tokens of sequences admitted while caching is on
         self.prefix_cache_hits = 0  # of those, tokens found in the cache
         self.deferrals: Counter[str] = Counter({r: 0 for r in DEFERRAL_REASONS})
+        self.prefix_keys = PrefixKeyIndex()
         self._tickets = itertools.count()
         self._by_id: dict[str, list[Sequence]] = {}  # a request's unfinished sequences, forks included
 
@@ -143,6 +145,9 @@ class Scheduler:
             seq.num_computed_tokens = seq.num_cached_tokens = len(hit) * self.pool.block_size
             self.prefix_cache_queries += seq.num_tokens
             self.prefix_cache_hits += seq.num_cached_tokens
+            if seq.params.prefix_key is not None:
+                limit = (seq.num_tokens - 1) // self.pool.block_size  # the full blocks `_cache_hit` hashed
+                self.prefix_keys.note(seq.params.prefix_key, seq.block_hashes[:limit])
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 

@@ -26,6 +26,7 @@ def server_load(*, stats: EngineStats, queued: int, queue_capacity: int, accepti
         queue_capacity=queue_capacity,
         kv_usage=min(1.0, kv_usage),
         models=[ModelLoad(name=model_name, state="loaded", waiting=waiting, running=stats.num_running)],
+        prefix_keys=list(stats.prefix_keys),
     )
 
 
@@ -33,7 +34,7 @@ def pool_load(*, accepting: bool, models: list[tuple[ModelStatus, EngineStats | 
               budget_bytes: int, used_bytes: int) -> ServerLoad:
     """A multi-model server's report: per model (its cache status, its engine's stats if loaded, and the
     requests in its admission queue); a model not loaded reports the requests held for its load as waiting."""
-    rows, waiting, running, slots, kv_used, kv_total = [], 0, 0, 0, 0, 0
+    rows, waiting, running, slots, kv_used, kv_total, keys = [], 0, 0, 0, 0, 0, []
     for status, stats, queued in models:
         if stats is None:
             w, r = status.users, 0
@@ -42,6 +43,7 @@ def pool_load(*, accepting: bool, models: list[tuple[ModelStatus, EngineStats | 
             slots += stats.num_slots
             kv_used += stats.kv_blocks_used
             kv_total += stats.kv_blocks_total
+            keys += stats.prefix_keys  # a key names its model: no two models share one
         waiting += w
         running += r
         rows.append(ModelLoad(name=status.name, state=status.state, waiting=w, running=r,
@@ -49,5 +51,5 @@ def pool_load(*, accepting: bool, models: list[tuple[ModelStatus, EngineStats | 
     return ServerLoad(
         ready=accepting, waiting=waiting, running=running, slots=slots, queue_capacity=queue_capacity,
         kv_usage=min(1.0, kv_used / kv_total) if kv_total else 0.0, models=rows,
-        memory_budget_bytes=budget_bytes, memory_free_bytes=max(0, budget_bytes - used_bytes),
+        memory_budget_bytes=budget_bytes, memory_free_bytes=max(0, budget_bytes - used_bytes), prefix_keys=keys,
     )

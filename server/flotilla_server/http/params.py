@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
+from fastapi import Request
+from flotilla_contract.load import PREFIX_KEY_HEADER, PREFIX_KEY_MAX_CHARS
+
 from flotilla_server.engine.sampling_params import DEFAULT_MAX_TOKENS, MAX_LOGPROBS, SamplingParams
 from flotilla_server.http.errors import APIError
 from flotilla_server.http.schemas import _SamplingFields
@@ -10,6 +15,20 @@ from flotilla_server.http.state import ServerState
 
 def include_usage(body: _SamplingFields) -> bool:
     return body.stream and body.stream_options is not None and body.stream_options.include_usage
+
+
+_PREFIX_KEY = re.compile(rf"[0-9A-Za-z_.:-]{{1,{PREFIX_KEY_MAX_CHARS}}}")
+
+
+def prefix_key(request: Request) -> str | None:
+    """The gateway's name for the prompt's prefix, when sent (engine/prefix_keys.py)."""
+    sent = request.headers.get(PREFIX_KEY_HEADER)
+    if sent is None:
+        return None
+    if not _PREFIX_KEY.fullmatch(sent):
+        raise APIError(400, f"The {PREFIX_KEY_HEADER} header must be 1 to {PREFIX_KEY_MAX_CHARS} letters, digits "
+                            "or any of _.:- (a gateway sets it): fix or drop the header.", param=PREFIX_KEY_HEADER)
+    return sent
 
 
 def check_model(state: ServerState, model: str) -> None:
@@ -28,8 +47,10 @@ def logprobs_wanted(field: str, count: int | None) -> int | None:
 
 
 def sampling_params(state: ServerState, body: _SamplingFields, num_prompt_tokens: int,
-                    max_tokens: int | None, chat: bool = False, logprobs: int | None = None) -> SamplingParams:
-    """`num_prompt_tokens`: of the longest prompt; `logprobs`: from `logprobs_wanted`."""
+                    max_tokens: int | None, chat: bool = False, logprobs: int | None = None,
+                    prefix_key: str | None = None) -> SamplingParams:
+    """`num_prompt_tokens`: of the longest prompt; `logprobs`: from `logprobs_wanted`; `prefix_key`: from
+    `prefix_key`."""
     num_slots = state.engine.stats().num_slots
     if body.n > num_slots:  # the n choices of a prompt run at once
         raise APIError(400, f"n is {body.n}, but this server runs at most {num_slots} sequences at once and the "
@@ -61,6 +82,7 @@ def sampling_params(state: ServerState, body: _SamplingFields, num_prompt_tokens
             min_p=body.min_p or 0.0,
             n=body.n,
             logprobs=logprobs,
+            prefix_key=prefix_key,
         )
     except ValueError as e:
         raise APIError(400, f"{e}: change that field and retry.") from None

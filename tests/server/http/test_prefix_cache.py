@@ -1,4 +1,5 @@
-"""Prefix caching seen from outside: the hit counters on /metrics, `cache_salt` isolation, an idle pool."""
+"""Prefix caching seen from outside: the hit counters on /metrics, `cache_salt` isolation, an idle pool, the
+prefix keys in the load report."""
 
 from __future__ import annotations
 
@@ -6,11 +7,12 @@ import time
 import uuid
 
 import httpx
+from flotilla_contract.load import LOAD_PATH, PREFIX_KEY_HEADER, ServerLoad
 
 
-def complete(server, prompt: str, **extra) -> None:
+def complete(server, prompt: str, headers: dict[str, str] | None = None, **extra) -> None:
     body = {"model": "tiny", "prompt": prompt, "max_tokens": 2, "temperature": 0, **extra}
-    r = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60)
+    r = httpx.post(f"{server.base_url}/v1/completions", json=body, headers=headers, timeout=60)
     assert r.status_code == 200, r.text
 
 
@@ -39,3 +41,18 @@ def test_cached_blocks_count_as_free_so_an_idle_server_uses_no_blocks(server) ->
         time.sleep(0.05)
     assert server.metric("flotilla_kv_blocks_used") == 0
     assert server.metric("flotilla_kv_blocks_cached") > 0
+
+
+def test_the_load_report_lists_the_prefix_keys_whose_prompts_are_cached(server) -> None:
+    key = uuid.uuid4().hex
+    complete(server, f"{key} " + "a tenant's system prompt, long enough for several blocks. " * 6,
+             headers={PREFIX_KEY_HEADER: key})
+    deadline = time.monotonic() + 10
+    while key not in (listed := ServerLoad.model_validate_json(httpx.get(f"{server.base_url}{LOAD_PATH}").content)
+                      .prefix_keys):
+        assert time.monotonic() < deadline, f"{key} never listed: {listed}"
+        time.sleep(0.05)
+    assert listed[0] == key  # the most recent first
+    bad = httpx.post(f"{server.base_url}/v1/completions", headers={PREFIX_KEY_HEADER: "no spaces, please"},
+                     json={"model": "tiny", "prompt": "Hi", "max_tokens": 1}, timeout=60)
+    assert bad.status_code == 400 and PREFIX_KEY_HEADER in bad.json()["error"]["message"]

@@ -10,7 +10,13 @@ from fastapi.responses import Response
 from flotilla_server.http.errors import APIError
 from flotilla_server.http.generation import generate
 from flotilla_server.http.job import Job
-from flotilla_server.http.params import check_model, include_usage, logprobs_wanted, sampling_params
+from flotilla_server.http.params import (
+    check_model,
+    include_usage,
+    logprobs_wanted,
+    prefix_key,
+    sampling_params,
+)
 from flotilla_server.http.schemas import CompletionRequest
 from flotilla_server.http.state import ServerState, State
 
@@ -52,7 +58,8 @@ async def create_completion(body: CompletionRequest, request: Request, state: St
         raise APIError(400, "echo with logprobs asks for the prompt's log-probabilities, which this server does not "
                             "compute: drop echo or logprobs.", param="echo", code="unsupported_field")
     prompts, echo_texts = prompts_of(state, body.prompt, body.echo)
-    params = sampling_params(state, body, max(map(len, prompts)), body.max_tokens, logprobs=logprobs)
+    params = sampling_params(state, body, max(map(len, prompts)), body.max_tokens, logprobs=logprobs,
+                             prefix_key=prefix_key(request))
     job = Job(chat=False, request_id=f"cmpl-{uuid.uuid4().hex}", prompts=prompts, params=params,
               stream=body.stream, include_usage=include_usage(body), echo_texts=echo_texts)
     return await generate(request, state, job)
