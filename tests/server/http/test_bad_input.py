@@ -61,7 +61,8 @@ def test_malformed_request(server, name, method, path, body, status, words):
 
 
 def test_still_serving_after_the_bad_inputs(server):
-    r = httpx.post(f"{server.base_url}/v1/completions", json=OK, timeout=30)
+    # ignore_eos: greedy text on tiny's random weights may meet EOS, depending on what shares its steps
+    r = httpx.post(f"{server.base_url}/v1/completions", json={**OK, "ignore_eos": True}, timeout=30)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
     assert server.metric("flotilla_requests_total", code="500") == 0
     for code, at_least in {"400": 19, "404": 2, "405": 1, "413": 1}.items():  # every refusal is counted

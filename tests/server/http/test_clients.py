@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import shlex
 import subprocess
 import time
@@ -126,4 +127,5 @@ def test_startup_prints_a_curl_example_that_works(server):
     argv = shlex.split(line.strip())
     assert server.base_url in line
     out = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=True).stdout
-    assert out.rstrip().endswith("data: [DONE]") and '"finish_reason":"length"' in out
+    # "stop" too: tiny's random weights may produce EOS, depending on what shares the request's steps
+    assert out.rstrip().endswith("data: [DONE]") and re.search(r'"finish_reason":"(length|stop)"', out)

@@ -27,7 +27,7 @@ def test_no_server_errors_on_any_operation(server):
 
         @given(case=op.as_strategy())
         @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, suppress_health_check=list(HealthCheck),
-                  database=None)
+                  database=None, derandomize=True)
         def run(case):
             _shorten(case)
             response = case.call(timeout=60)
