@@ -4,7 +4,8 @@ never read, or read too long ago, counts as saturated in routing (routing.STALE_
 
 Which pods hold a prefix comes from the same reports (their `prefix_keys`), and, for SENT_GRACE_S after
 this gateway sends a key somewhere, from that send: a prompt's blocks reach the cache only once its prefill
-is done, and the requests that follow it meanwhile should follow it there."""
+is done, and the requests that follow it meanwhile should follow it there. The keys sent to each pod within
+SENT_GRACE_S are its active prefixes, which cold keys are spread by."""
 
 from __future__ import annotations
 
@@ -31,13 +32,15 @@ class LoadBoard:
         self.reports: dict[str, tuple[ServerLoad, float]] = {}  # address → (report, monotonic time read)
         self.cached_keys: dict[str, frozenset[str]] = {}  # address → its report's prefix_keys
         self._sent: dict[str, tuple[str, float]] = {}  # prefix key → (address last sent to, monotonic time)
-        self._pending: dict[str, set[str]] = {}  # address → keys sent there, within the grace, not yet reported
+        self._recent: dict[str, set[str]] = {}  # address → the keys last sent there, within the grace
         self._task: asyncio.Task[None] | None = None
 
     def note_sent(self, key: str, address: str) -> None:
+        before = self._sent.get(key)
+        if before is not None and before[0] != address:
+            self._recent.get(before[0], set()).discard(key)
         self._sent[key] = (address, time.monotonic())
-        if key not in self.cached_keys.get(address, ()):
-            self._pending.setdefault(address, set()).add(key)
+        self._recent.setdefault(address, set()).add(key)
 
     def holders(self, key: str) -> frozenset[str]:
         """The pods holding the prefix `key`: by their reports, or sent it within SENT_GRACE_S."""
@@ -50,8 +53,7 @@ class LoadBoard:
     def _forget_old_sends(self) -> None:
         now = time.monotonic()
         self._sent = {k: sent for k, sent in self._sent.items() if now - sent[1] <= SENT_GRACE_S}
-        self._pending = {a: {k for k in keys if self._sent.get(k, ("",))[0] == a and k not in self.cached_keys.get(a, ())}
-                         for a, keys in self._pending.items()}
+        self._recent = {a: {k for k in keys if k in self._sent} for a, keys in self._recent.items()}
 
     def view(self, address: str, now: float | None = None) -> PodView:
         now = time.monotonic() if now is None else now
@@ -63,7 +65,7 @@ class LoadBoard:
         return PodView(address, in_flight=in_flight, waiting=load.waiting, running=load.running, slots=load.slots,
                        queue_capacity=load.queue_capacity, kv_usage=load.kv_usage, load_age_s=now - read_at,
                        accepting=load.ready,
-                       num_prefix_keys=len(self.cached_keys.get(address, ())) + len(self._pending.get(address, ())))
+                       recent_prefixes=len(self._recent.get(address, ())))
 
     def views(self, addresses: Iterable[str]) -> list[PodView]:
         now = time.monotonic()

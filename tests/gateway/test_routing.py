@@ -116,26 +116,28 @@ def test_prefix_follows_the_pods_holding_the_key_within_the_bound() -> None:
     home = choose(pods, "k", "prefix")
     other = next(p for p in pods if p != home)
     assert choose(pods, "k", "prefix", frozenset({other.address})) == other  # cached there: not at its home
-    busy = [pod(p.address, in_flight=1) if p == other else p for p in pods]
-    assert choose(busy, "k", "prefix", frozenset({home.address, other.address})) == home  # the idler holder
-    over = [pod(p.address, in_flight=9) if p == other else p for p in pods]
-    assert choose(over, "k", "prefix", frozenset({other.address})) != other  # over the bound: spills
+    busy = [pod(p.address, in_flight=5 if p == home else 2) for p in pods]  # bound: ceil(2 × 10 / 3) = 7
+    assert choose(busy, "k", "prefix", frozenset({home.address, other.address})).address == home.address  # first
+    over = [pod(p.address, in_flight=12 if p == home else 2) for p in pods]  # bound: ceil(2 × 17 / 3) = 12
+    assert choose(over, "k", "prefix", frozenset({home.address, other.address})).address == other.address
+    assert choose(over, "k", "prefix", frozenset({home.address})).address != home.address  # no other holder
 
 
-def test_a_cold_key_goes_to_the_pod_holding_the_fewest_prefixes() -> None:
-    pods = [PodView(f"p{i}", load_age_s=0.1, num_prefix_keys=n) for i, n in enumerate((2, 1, 3))]
+def test_a_cold_key_goes_to_the_pod_with_the_fewest_active_prefixes() -> None:
+    pods = [PodView(f"p{i}", load_age_s=0.1, recent_prefixes=n) for i, n in enumerate((2, 1, 3))]
     assert choose(pods, "k", "prefix").address == "p1"
-    full = [PodView(p.address, load_age_s=0.1, num_prefix_keys=5, in_flight=9 if p.address == "p1" else 0)
+    full = [PodView(p.address, load_age_s=0.1, recent_prefixes=5, in_flight=9 if p.address == "p1" else 0)
             for p in pods]
     assert choose(full, "k", "prefix") != choose(pods, "k", "prefix")  # p1 over the bound; a tie: the ring
 
 
 def test_six_cold_keys_split_two_per_pod_on_three_pods() -> None:
-    """With each pod's prefix count fed back (as load reports do), keys spread evenly whatever their hashes."""
+    """With each pod's count of active prefixes fed back (as the load board does), keys spread evenly whatever
+    their hashes."""
     for trial in range(50):
         counts = {f"p{i}": 0 for i in range(3)}
         for k in range(6):
-            views = [PodView(a, load_age_s=0.1, num_prefix_keys=n) for a, n in counts.items()]
+            views = [PodView(a, load_age_s=0.1, recent_prefixes=n) for a, n in counts.items()]
             counts[choose(views, f"trial-{trial}-tenant-{k}", "prefix").address] += 1
         assert sorted(counts.values()) == [2, 2, 2]
 

@@ -48,7 +48,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from flotilla_gateway.bench.overhead import _free_port, _percentile, _process, _wait_http
 from flotilla_gateway.bench.prefix_routing_plot import plot
 from flotilla_gateway.bench.stub_api import StubModel, serve_stub
-from flotilla_gateway.bench.tenant_placement import home_pods, placements
+from flotilla_gateway.bench.tenant_placement import placements
 
 MODEL = "tiny"
 ARMS = ("prefix", "round-robin")
@@ -183,16 +183,9 @@ async def run_arm(arm: str, requests: list[Request], servers: list[str], gateway
         "in_flight_mean_per_pod": [round(m, 2) for m in pod_means],
         "in_flight_max_over_mean": round(max(pod_means) / statistics.fmean(pod_means), 3) if any(pod_means) else None,
         "in_flight_samples": len(busy),
-        **({"home_pod_tenants": home_pods(first_bodies(requests, args.endpoint), MODEL, args.endpoint, servers),
-            **placements(gateway_log, log_offset, servers)} if arm == "prefix" and gateway_log is not None else {}),
+        **(placements(gateway_log, log_offset, servers) if arm == "prefix" and gateway_log is not None else {}),
         "ttfts_ms": [round(t * 1e3, 1) for t in ttfts],
     }
-
-
-def first_bodies(requests: list[Request], endpoint: str) -> list[dict[str, Any]]:
-    """One request body per tenant: what the ring sees of each tenant."""
-    return [request_body(next(r for r in requests if r.tenant == t), endpoint)[1]
-            for t in sorted({r.tenant for r in requests})]
 
 
 @contextlib.contextmanager
