@@ -15,6 +15,10 @@ from e2e.harness import Loop, whole_loop
 
 AUTOSCALE_INTERVAL_S = 2.0  # --autoscale-interval-s for the whole suite
 SERVER_START_S = 120.0  # a flotilla-server process importing torch and becoming ready on a shared, busy machine
+# Rule: a wait's deadline only catches a hang; what a test asserts about timing it computes from the times of
+# events recorded as they happened (status times, Events, Prometheus samples, the gateway's access log), never
+# from when a wait returned. SETTLE_S is the deadline of such a wait.
+SETTLE_S = 120.0
 _HERE = Path(__file__).resolve().parent
 
 

@@ -5,6 +5,9 @@
         loop.wait(lambda: loop.replicas("m") == 3, 30, "three replicas")
         loop.restart_operator()           # SIGTERM, then a fresh process with the same flags
 
+`wait` is for conditions, with deadlines that only a hang should reach (e2e/conftest.py, SETTLE_S): a test
+times what it checks from the times events were recorded, not from when a wait returned.
+
 Every process it starts (operator, Prometheus, one `flotilla-server` per replica) is stopped on exit,
 by PID, whatever the test did. `Recorder` samples a model's replica counts in the background, so a
 test can check that they moved monotonically.
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -120,6 +124,18 @@ class Loop:
             if condition.get("type") == type_:
                 return condition
         return {}
+
+    def events(self, name: str, reason: str) -> list[dict[str, Any]]:
+        """The Events about `name` with `reason`, oldest first: the operator's record of when each happened."""
+        found = [e for e in self.k8s.list("v1", "events", NAMESPACE)
+                 if e.get("reason") == reason and e["involvedObject"]["name"] == name]
+        return sorted(found, key=lambda e: epoch(e["firstTimestamp"]))
+
+    def scales(self, name: str) -> list[tuple[float, int, int]]:
+        """(time, from, to) of each scale the autoscaler made, from its Events ("3 -> 1: ..."), oldest first."""
+        found = [(e, re.match(r"(\d+) -> (\d+):", e.get("message", ""))) for e in self.k8s.list("v1", "events", NAMESPACE)
+                 if e["involvedObject"]["name"] == name]
+        return sorted((epoch(e["firstTimestamp"]), int(m[1]), int(m[2])) for e, m in found if m)
 
     def wait(self, check: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.2) -> Any:
         deadline = time.monotonic() + timeout_s

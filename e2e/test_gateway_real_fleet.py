@@ -3,7 +3,8 @@ requests away from the replica with a deep queue, and clients that leave mid-str
 leave no KV block held on any server (docs/gateway.md, "Routing" and "Passing through").
 
 Each replica is published as its own EndpointSlice (one address each, as the EndpointSlice controller
-may split a Service), on the emulated Kubernetes API."""
+may split a Service), on the emulated Kubernetes API. Waits poll for what they wait for (the gateway's own view
+of each pod's load included, on its /metrics), with deadlines that only a hang reaches."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.http.server_process import ServerProcess, run_server
 from tests.support.gateway_cluster import GatewayProcess, gateway_process, inference_model, serve_api
@@ -28,6 +30,8 @@ SLOTS = 2
 DEEP_QUEUE = 12  # direct requests on replica 0: 2 running, 10 waiting (under its queue capacity of 16)
 NEW_REQUESTS = 120
 DISCONNECTS = 50
+SETTLE_S = 60.0  # the deadline of a wait: only a hang reaches it
+TEST_TIMEOUT_S = 300  # the first test also starts the fleet: three servers importing torch at once
 
 
 @dataclass
@@ -68,7 +72,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         for i, server in enumerate(servers):
             k8s.create(slice_for(server, i))
         gateway = stack.enter_context(gateway_process(k8s.kubeconfig, directory))
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + SETTLE_S
         while [m["ready_replicas"] for m in httpx.get(gateway.url + "/v1/models").json()["data"]] != [3]:
             assert time.monotonic() < deadline, httpx.get(gateway.url + "/v1/models").text
             time.sleep(0.1)
@@ -86,7 +90,7 @@ def routed(gateway: GatewayProcess, since_chars: int) -> dict[str, int]:
     return counts
 
 
-def wait_idle(servers: list[ServerProcess], timeout_s: float = 20) -> None:
+def wait_idle(servers: list[ServerProcess], timeout_s: float = SETTLE_S) -> None:
     deadline = time.monotonic() + timeout_s
     for server in servers:
         while server.metric("flotilla_kv_blocks_used") != 0 or server.metric("flotilla_requests_running") \
@@ -95,7 +99,15 @@ def wait_idle(servers: list[ServerProcess], timeout_s: float = 20) -> None:
             time.sleep(0.1)
 
 
-@pytest.mark.timeout(120)
+def gateway_sees_waiting(gateway: GatewayProcess, pod: str) -> float:
+    """The waiting requests of `pod` (host:port) as the gateway last read them (its flotilla_gateway_pod_load)."""
+    text = httpx.get(gateway.url + "/metrics", timeout=5).text
+    return max((s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name == "flotilla_gateway_pod_load" and s.labels.get("pod") == pod
+                and s.labels.get("figure") == "waiting"), default=0.0)
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_least_load_sends_the_deep_queue_under_a_sixth(fleet: Fleet) -> None:
     deep = fleet.servers[0]
 
@@ -109,11 +121,13 @@ def test_least_load_sends_the_deep_queue_under_a_sixth(fleet: Fleet) -> None:
                         pass
 
             hogs = [asyncio.create_task(hog()) for _ in range(DEEP_QUEUE)]
-            deadline = time.monotonic() + 20
-            while deep.metric("flotilla_requests_waiting") < DEEP_QUEUE - SLOTS:
-                assert time.monotonic() < deadline, "the direct traffic did not queue up"
+            deadline = time.monotonic() + SETTLE_S
+            deep_pod = deep.base_url.removeprefix("http://")
+            # queued on the server, then seen queued by the gateway (it reads each pod's load every 0.25 s)
+            while deep.metric("flotilla_requests_waiting") < DEEP_QUEUE - SLOTS \
+                    or await asyncio.to_thread(gateway_sees_waiting, fleet.gateway, deep_pod) < DEEP_QUEUE - SLOTS:
+                assert time.monotonic() < deadline, "the direct traffic did not queue up, or the gateway did not see it"
                 await asyncio.sleep(0.1)
-            await asyncio.sleep(1.0)  # the gateway reads each pod's load every 0.25 s
             try:
                 async with httpx.AsyncClient(timeout=60) as client:
                     limit = asyncio.Semaphore(8)
@@ -146,7 +160,7 @@ def test_least_load_sends_the_deep_queue_under_a_sixth(fleet: Fleet) -> None:
     wait_idle(fleet.servers)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_disconnects_through_the_gateway_leave_no_kv_blocks(fleet: Fleet) -> None:
     async def leave(client: httpx.AsyncClient, i: int) -> None:
         async with client.stream("POST", fleet.gateway.url + "/v1/completions",

@@ -28,6 +28,7 @@ from flotilla_server.engine.config import EngineConfig
 from flotilla_server.model_cache.engine_processes import EngineProcesses
 from prometheus_client.parser import text_string_to_metric_families
 
+from e2e.conftest import SETTLE_S
 from e2e.harness import POOLS, Loop, inference_model, model_pool
 from tests.support.gateway_cluster import gateway_process
 
@@ -153,7 +154,7 @@ def test_a_pool_of_one_replica_serves_four_members_with_memory_for_two(loop: Loo
                 data = {m["id"]: m for m in httpx.get(gateway.url + "/v1/models").json()["data"]}
                 return data if all(data.get(m, {}).get("pool") == POOL for m in MEMBERS) and SOLO in data else None
 
-            listed = loop.wait(fleet, 60, "the four members joined the pool, and the gateway lists them in it")
+            listed = loop.wait(fleet, SETTLE_S, "the four members joined the pool, and the gateway lists them in it")
             assert "pool" not in listed[SOLO] and loop.pool(POOL)["spec"]["replicas"] == 0
             phases.append(("joined", time.monotonic()))
 
@@ -190,5 +191,5 @@ def test_a_pool_of_one_replica_serves_four_members_with_memory_for_two(loop: Loo
         for name in (*MEMBERS, SOLO):
             loop.delete(name)
         loop.delete(POOL, POOLS)
-        loop.wait(lambda: loop.runner.processes(f"{POOL}-pool") + loop.runner.processes(SOLO) == 0, 60,
+        loop.wait(lambda: loop.runner.processes(f"{POOL}-pool") + loop.runner.processes(SOLO) == 0, SETTLE_S,
                   "servers stopped")

@@ -4,13 +4,16 @@ ScaledToZero, while an idle latency-first model beside it never drops below one 
 Then flotilla-sim replays both models (e2e/sim_replay.py): the same InferenceModels, no load, this run's
 start-up delay and scrape lag, ticking when the operator ticked; each model's replicas must be within 1
 of the real ones at every tick, the scale to zero within two intervals of the real one.
+
+The waits' deadlines only catch a hang: when things happened comes from the autoscaler's recorded ticks
+and the pod runner's ready times.
 """
 
 from __future__ import annotations
 
 import time
 
-from e2e.conftest import AUTOSCALE_INTERVAL_S
+from e2e.conftest import AUTOSCALE_INTERVAL_S, SERVER_START_S, SETTLE_S
 from e2e.harness import Loop, Recorder, inference_model
 from e2e.sim_replay import check, first_sample_s, scenario
 
@@ -28,15 +31,15 @@ def test_cost_first_scales_to_zero_latency_first_keeps_one(loop: Loop) -> None:
         loop.apply(inference_model(LATENCY, "latency-first", replicas=1, minReplicas=1, maxReplicas=2,
                                    scaleToZeroAfterSeconds=IDLE_S, scaleDownStabilizationSeconds=WINDOW_S))
         try:
-            loop.wait(lambda: loop.replicas(COST) == 0, IDLE_S + WINDOW_S + 8 * AUTOSCALE_INTERVAL_S + 20,
+            # its server starts (and is scraped) first; when it went to zero is the replay's check, from the ticks
+            loop.wait(lambda: loop.replicas(COST) == 0, SERVER_START_S + IDLE_S + WINDOW_S + SETTLE_S,
                       "cost-first at zero")
-            loop.wait(lambda: loop.model(COST)["status"].get("phase") == "ScaledToZero", 20, "phase ScaledToZero")
-            loop.wait(lambda: loop.runner.processes(COST) == 0, 20, "its server stopped")
-            events = [e for e in loop.k8s.list("v1", "events", "default") if e["involvedObject"]["name"] == COST
-                      and e.get("reason") == "ScaleToZero"]
+            loop.wait(lambda: loop.model(COST)["status"].get("phase") == "ScaledToZero", SETTLE_S, "phase ScaledToZero")
+            loop.wait(lambda: loop.runner.processes(COST) == 0, SETTLE_S, "its server stopped")
+            events = loop.events(COST, "ScaleToZero")
             assert len(events) == 1 and "1 -> 0" in events[0]["message"], events
             # the latency-first model has been idle just as long, and more
-            loop.wait(lambda: len(loop.runner.endpoints(LATENCY)) == 1, 30, "latency-first serving")
+            loop.wait(lambda: len(loop.runner.endpoints(LATENCY)) == 1, SERVER_START_S, "latency-first serving")
             assert latency.samples and min(s.replicas for s in latency.samples) == 1
             assert loop.replicas(LATENCY) == 1
             reason = loop.model(LATENCY)["status"]["autoscaler"]["lastReason"]
@@ -58,4 +61,5 @@ def test_cost_first_scales_to_zero_latency_first_keeps_one(loop: Loop) -> None:
         finally:
             loop.delete(COST)
             loop.delete(LATENCY)
-            loop.wait(lambda: loop.runner.processes(COST) + loop.runner.processes(LATENCY) == 0, 30, "servers stopped")
+            loop.wait(lambda: loop.runner.processes(COST) + loop.runner.processes(LATENCY) == 0, SETTLE_S,
+                      "servers stopped")

@@ -3,7 +3,8 @@ members of one ModelPool of 2 replicas whose memory budget holds 2 models per re
 InferenceModels of 1 replica each. Both are fixed in size (autoscaler bounds min = max), both are reached
 through a fresh flotilla-gateway, and both get the same server settings, so what differs is the layout.
 
-`run_arm` applies an arm, waits until the gateway lists its models and every replica is ready, replays the
+`run_arm` applies an arm, waits until the gateway lists its models, every replica is ready and the gateway
+routes to each and has read its load (polled, not a fixed pause: a busy machine can take longer), replays the
 trace while a sampler records ready replicas (the Deployments' status, as the pod runner reports it) and,
 for the pool, each pod's model states; it reads the servers' and the gateway's counters, then deletes the
 arm and waits for its processes to stop.
@@ -152,6 +153,19 @@ class ArmRun:
     loadavg: dict[str, str] = field(default_factory=dict)
 
 
+def gateway_caught_up(url: str, models: tuple[str, ...], pods_each: int) -> bool:
+    """The gateway's endpoint watch and load polls caught up with the ready pods: each model has `pods_each`
+    ready pods in /v1/models, and the gateway has read the load of every one (flotilla_gateway_pod_load)."""
+    data = {m["id"]: m for m in httpx.get(url + "/v1/models", timeout=5).json()["data"]}
+    if any(data.get(name, {}).get("ready_replicas") != pods_each for name in models):
+        return False
+    text = httpx.get(url + "/metrics", timeout=5).text
+    ages = [s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == "flotilla_gateway_pod_load" and s.labels.get("figure") == "age_seconds"
+            and s.labels.get("model") in models]
+    return len(ages) >= len(models) * pods_each and all(age >= 0 for age in ages)
+
+
 def loadavg() -> str:
     return Path("/proc/loadavg").read_text().strip()
 
@@ -179,7 +193,9 @@ def run_arm(loop: Loop, arm: str, requests: Sequence[Request], models: Sequence[
             loop.wait(listed, START_TIMEOUT_S, f"{arm}: the gateway lists the arm's models")
             loop.wait(lambda: sum(len(loop.runner.endpoints(d)) for d in deployments) == replicas, START_TIMEOUT_S,
                       f"{arm}: {replicas} replicas ready", interval_s=1.0)
-            time.sleep(3.0)  # the gateway's endpoint watch and load polls catch up with the ready pods
+            per_model = settings.pool_replicas if arm == "pool" else 1
+            loop.wait(lambda: gateway_caught_up(gateway.url, tuple(names.values()), per_model), START_TIMEOUT_S,
+                      f"{arm}: the gateway routes to every ready pod and has read its load", interval_s=0.5)
             run.ready_s = time.monotonic()
             if arm == "pool":
                 sampler.pool_pods = loop.runner.endpoints(POOL_DEPLOYMENT)
