@@ -13,6 +13,14 @@ Rules:
 - a packed weight is keyed by the weight's storage, version counter, dtype and device, so a weight that is
   copied into, moved or cast is packed again on its next use;
 - the packed copy doubles the memory of the packed weights (fine for the CPU models this path serves).
+
+One row (a decode step at batch 1) reads every weight once per token, so its speed is the weight's
+memory-read rate. `Linear` keeps its weight column-major (the same [out, in] parameter, stored as the
+transpose of an [in, out] matrix): `F.linear` then runs MKL's non-transposed matrix-vector kernel, which
+streams the weight row by row into an accumulator that stays in L1. On the development machine, over
+llama-100m's 64 matrices (403 MB), that took 43-54 ms against 49-65 ms for the row-major layout:
+1.15-1.2x, whatever the load. The packed path packs from either layout to the same bytes, and the state
+dict, loaders and `transformers` conversion see the same values (`copy_` writes into the layout).
 """
 
 from __future__ import annotations
@@ -74,11 +82,22 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pac
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed.get(weight), bias, "none", [], "")
 
 
+def column_major(weight: torch.Tensor) -> torch.Tensor:
+    """The same [out, in] values stored column-major: contiguous as [in, out], seen through `.t()`.
+    `Tensor.to`, `empty_like` (hence `Module.to_empty`) and `copy_` keep the layout."""
+    return weight.t().contiguous().t()
+
+
+def is_column_major(weight: torch.Tensor) -> bool:
+    return weight.dim() == 2 and weight.t().is_contiguous()
+
+
 class Linear(nn.Linear):
     """`nn.Linear` (same parameters and state dict) with the packed CPU path of `linear`."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True) -> None:
         super().__init__(in_features, out_features, bias=bias)
+        self.weight = nn.Parameter(column_major(self.weight.detach()))
         self._packed = PackedWeight()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
