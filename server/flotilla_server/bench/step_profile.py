@@ -3,7 +3,8 @@
 Throughput figures say how fast; this says why. For each model and batch size, `batch` requests with
 `--context`-token prompts are prefilled, and then `--steps` pure decode steps are timed twice:
 
-- plain: the engine as it serves (step time, decode tokens/s, forward_fraction);
+- plain: the engine as it serves (step time, decode tokens/s and tokens per CPU-second of this process,
+  steadier on a shared machine; forward_fraction);
 - split: the same steps with timers wrapped around the forward pass's parts. The engine reports the
   rest of the step itself (StepRecord: schedule, prepare, sample, update, detokenize); the wrappers time
   the KV gather, the KV write, attention (SDPA) and the logits inside the forward. Each wrapper costs a
@@ -107,17 +108,21 @@ def _time_steps(engine: EngineCore, all_records: list[StepRecord], steps: int,
     """Median seconds per step of each part over `steps` decode steps."""
     first = len(all_records)
     forward_parts: list[dict[str, float]] = []
+    cpu: list[float] = []
     for _ in range(steps):
         if timers is not None:
             timers.totals.clear()
+        cpu_start = time.process_time()
         engine.step()
+        cpu.append(time.process_time() - cpu_start)
         if timers is not None:
             forward_parts.append(dict(timers.totals))
     records = all_records[first:]
     if any(r.num_prefill_seqs for r in records):
         raise RuntimeError("a timed step held a prefill; the profile times decode steps only")
     out = {"step_s": statistics.median(r.duration_s for r in records),
-           "forward_s": statistics.median(r.forward_s for r in records)}
+           "forward_s": statistics.median(r.forward_s for r in records),
+           "cpu_s": statistics.median(cpu)}
     for part in ENGINE_PARTS:
         out[part] = statistics.median(getattr(r, part, 0.0) for r in records)
     if timers is not None:
@@ -140,6 +145,7 @@ def profile(model: str, batches: list[int], context: int, steps: int, log: Any) 
             split = _time_steps(engine, records, steps, timers)
         out["batches"][str(batch)] = {
             "decode_tokens_per_s": batch / plain["step_s"],
+            "decode_tokens_per_cpu_s": batch / plain["cpu_s"] if plain["cpu_s"] else 0.0,
             "forward_fraction": plain["forward_s"] / plain["step_s"],
             "plain": plain,
             "split": split,
@@ -152,13 +158,15 @@ def profile(model: str, batches: list[int], context: int, steps: int, log: Any) 
 def print_table(report: dict[str, Any]) -> None:
     cols = ["step", "forward", *(p[:-2] for p in FORWARD_PARTS), "fwd_rest",
             *(p[:-2] for p in ENGINE_PARTS), "other"]
-    print(f"{'model':11s} {'batch':>5s} {'tok/s':>8s} {'fwd_frac':>8s} " + " ".join(f"{c:>10s}" for c in cols))
+    print(f"{'model':11s} {'batch':>5s} {'tok/s':>8s} {'tok/cpu-s':>9s} {'fwd_frac':>8s} "
+          + " ".join(f"{c:>10s}" for c in cols))
     for model, m in report["models"].items():
         for batch, b in m["batches"].items():
             s = b["split"]
             values = [b["plain"]["step_s"], s["forward_s"], *(s[p] for p in FORWARD_PARTS), s["forward_rest_s"],
                       *(s[p] for p in ENGINE_PARTS), s["other_s"]]
-            print(f"{model:11s} {batch:>5s} {b['decode_tokens_per_s']:8.1f} {b['forward_fraction']:8.3f} "
+            print(f"{model:11s} {batch:>5s} {b['decode_tokens_per_s']:8.1f} {b['decode_tokens_per_cpu_s']:9.1f} "
+                  f"{b['forward_fraction']:8.3f} "
                   + " ".join(f"{v * 1e3:10.3f}" for v in values))
     print("milliseconds per decode step (median); `step` is the plain run, the parts the split run "
           f"(threads={report['threads']}, context {report['context']}, {report['steps']} steps)")
