@@ -18,6 +18,9 @@ COMMANDS = {
     "online": ("flotilla_server.bench.online",
                "load an OpenAI-compatible server and report latencies (TTFT, TPOT, ITL, E2E) and goodput"),
     "prefix": ("flotilla_server.bench.prefix", "prefix caching on and off on repeated system prompts"),
+    "steps": ("flotilla_server.bench.step_profile",
+              "where a decode step's time goes (schedule, inputs, forward parts, sampling, detokenization) "
+              "at batch 1, 8 and 64"),
     "modes": ("flotilla_server.bench.engine_modes", "the engine in its own process against on a thread, over HTTP"),
 }
 DESCRIPTION = ("Benchmarks of flotilla-server: `offline` drives the engine directly, `online` any "

@@ -154,15 +154,19 @@ class EngineCore:
         plan = self.scheduler.schedule()
         if plan.is_empty:
             return []
+        scheduled = time.perf_counter()
         if after_schedule is not None:
             after_schedule()
         result = self.runner.execute(plan)
+        executed = time.perf_counter()
         logprobs = dict(zip(plan.sampled_seqs(), result.logprobs, strict=True))
         changed = self.scheduler.update(plan, result.sampled_token_ids)
+        updated = time.perf_counter()
         outputs = [self._output(seq, logprobs[seq]) for seq in changed]
         held, allocated = self.scheduler.kv_positions()
+        end = time.perf_counter()
         record = StepRecord(
-            duration_s=time.perf_counter() - start,
+            duration_s=end - start,
             forward_s=result.forward_s,
             num_tokens=plan.num_tokens,
             num_prefill_tokens=plan.num_prefill_tokens,
@@ -175,6 +179,11 @@ class EngineCore:
             kv_blocks_cached=self.pool.num_cached_blocks,
             kv_positions_held=held,
             kv_positions_allocated=allocated,
+            schedule_s=scheduled - start,
+            prepare_s=result.prepare_s,
+            sample_s=result.sample_s,
+            update_s=updated - executed,
+            detokenize_s=end - updated,
         )
         self._last_step_s = record.duration_s
         self.last_record = record

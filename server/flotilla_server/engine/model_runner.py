@@ -29,6 +29,8 @@ class StepResult:
     sampled_token_ids: list[int]  # one per row of `plan.sampled_seqs()`
     forward_s: float
     logprobs: list[TokenLogprobs | None]  # one per sampled token; None where its request did not ask
+    prepare_s: float = 0.0  # the plan made into input tensors and the attention layout
+    sample_s: float = 0.0  # sampling and logprobs
 
 
 class ModelRunner:
@@ -58,6 +60,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:
+        prepare_start = time.perf_counter()
         input_ids: list[int] = []
         positions: list[int] = []
         query_lens: list[int] = []
@@ -89,8 +92,9 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         forward_s = time.perf_counter() - start
+        prepare_s = start - prepare_start
         if logits is None:
-            return StepResult([], forward_s, [])
+            return StepResult([], forward_s, [], prepare_s)
 
         seqs = plan.sampled_seqs()
         params = [s.params for s in seqs]
@@ -99,4 +103,5 @@ class ModelRunner:
         if any(p.has_penalties for p in params):
             histories = [(s.prompt_token_ids, s.output_token_ids) for s in seqs]
         tokens = sample(logits, params, generators, self._default_generator, histories)
-        return StepResult(tokens, forward_s, token_logprobs(logits, tokens, [p.logprobs for p in params]))
+        logprobs = token_logprobs(logits, tokens, [p.logprobs for p in params])
+        return StepResult(tokens, forward_s, logprobs, prepare_s, time.perf_counter() - start - forward_s)

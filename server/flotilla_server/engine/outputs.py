@@ -50,6 +50,13 @@ class StepRecord:
     kv_blocks_cached: int = 0  # free blocks that still hold a reusable prefix
     kv_positions_held: int = 0  # positions holding tokens, after the step
     kv_positions_allocated: int = 0  # positions in allocated blocks, after the step
+    # where the rest of the step went (flotilla-bench steps): the scheduler's plan, the input tensors,
+    # sampling (and logprobs), the scheduler's update with the new tokens, detokenization and stop strings
+    schedule_s: float = 0.0
+    prepare_s: float = 0.0
+    sample_s: float = 0.0
+    update_s: float = 0.0
+    detokenize_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,9 @@ class DecodeGroup:
     num_seqs: int
     block_ids: torch.Tensor  # [num_seqs * max_blocks], each row padded with block 0
     mask: torch.Tensor  # [num_seqs, 1, 1, max_blocks * block_size] bool, True = attend
+    # one sequence (batch-1 decode): its keys are the first context_len gathered rows, and attention
+    # runs on that slice with no mask (SDPA skips the mask's conversion and the masked tail)
+    context_len: int | None = None
 
 
 def group_decode_rows(block_counts: Sequence[int], rows_per_group: int = 8) -> list[list[int]]:
@@ -127,6 +130,7 @@ class AttentionBatch:
                     num_seqs=len(rows),
                     block_ids=torch.tensor(padded, dtype=torch.long, device=device),
                     mask=mask.view(len(rows), 1, 1, -1).to(device),
+                    context_len=d_ctx[rows[0]] if len(rows) == 1 else None,
                 ))
             token_start += num_decode
 
@@ -196,5 +200,9 @@ def _decode(
     k_rows, v_rows = kv.gather_blocks(layer, d.block_ids)
     ks = k_rows.view(num_seqs, -1, kv_heads, head_dim).transpose(1, 2)
     vs = v_rows.view(num_seqs, -1, kv_heads, head_dim).transpose(1, 2)
-    o = F.scaled_dot_product_attention(qg, ks, vs, attn_mask=d.mask, scale=scale)
+    if d.context_len is not None:
+        ks, vs = ks[:, :, : d.context_len], vs[:, :, : d.context_len]
+        o = F.scaled_dot_product_attention(qg, ks, vs, scale=scale)
+    else:
+        o = F.scaled_dot_product_attention(qg, ks, vs, attn_mask=d.mask, scale=scale)
     return o.reshape(num_seqs, num_heads, head_dim)
