@@ -54,10 +54,10 @@ class Proxy:
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
         self.pressed_since: dict[tuple[str, str], float] = {}  # pooled model → when its waiting per copy passed target
 
-    def _pick(self, route: ModelRoute, key: str, policy: Policy, tried: set[str]) -> str | None:
+    def _pick(self, route: ModelRoute, key: str, name: str, policy: Policy, tried: set[str]) -> str | None:
         started = time.perf_counter()
         untried = [p for p in route.pods if p not in tried]
-        holders = self.board.holders(prefix_key_name(key)) if policy == "prefix" else frozenset()
+        holders = self.board.holders(name) if policy == "prefix" else frozenset()
         pod = choose(self.board.views(untried), key, policy, holders) if route.pool is None else \
             self._pick_resident(route, untried, key, policy, holders)
         self.metrics.routing_seconds.labels(route.name, route.namespace, policy).observe(time.perf_counter() - started)
@@ -87,7 +87,7 @@ class Proxy:
         name = prefix_key_name(key)
         headers = {**headers, PREFIX_KEY_HEADER: name}
         while outcome.attempts <= MAX_RETRIES:
-            address = self._pick(route, key, policy, outcome.tried)
+            address = self._pick(route, key, name, policy, outcome.tried)
             if address is None:
                 break
             if retry_reason:  # counted when the retry really goes out
