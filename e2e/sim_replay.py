@@ -57,14 +57,23 @@ def scenario(model: dict[str, Any], **measured: Any) -> E2EScenario:
                        float(spec.server.queue_timeout_seconds), **measured)
 
 
+HELD_TICKS = 2  # the agreement's moment tolerance, in intervals
+
+
 def check(name: str, real_ticks: list[Tick], start_epoch_s: float, sim: E2EScenario, interval_s: float,
           load: LoadReport | None = None) -> Agreement:
     """Replay `sim` at the real ticks (seconds from `start_epoch_s`), compare, and print both timelines
     with the running (R) and waiting (Q) requests each side's autoscaler saw."""
     real = [(tick.epoch_s - start_epoch_s, tick.replicas) for tick in real_ticks]
+    # The run ends at its last scale, and the real count holds after it: no load is left, and the operator
+    # records no new decision while nothing changes. So the comparison runs HELD_TICKS intervals further at
+    # that count, where a simulated scale up to two intervals later than the real one shows (agreement.py).
+    last_s, last_count = real[-1]
+    real += [(last_s + k * interval_s, last_count) for k in range(1, HELD_TICKS + 1)]
     replayed = replay(sim, [t for t, _ in real])
     agreement = compare(real, replayed.timeline, sim.initial_replicas, interval_s)
-    notes = [f"real {_seen(tick.decision):<12} sim R={r:g} Q={q:g}" for tick, (r, q) in zip(real_ticks, replayed.seen, strict=True)]
+    decisions = [_seen(tick.decision) for tick in real_ticks] + ["(held)"] * HELD_TICKS
+    notes = [f"real {d:<12} sim R={r:g} Q={q:g}" for d, (r, q) in zip(decisions, replayed.seen, strict=True)]
     served = replayed.requests
     print(f"\n{name}: the real loop against flotilla-sim's replay (measured: start-up {sim.start_up_s:.1f} s, "
           f"scrape lag {sim.scrape_lag_s:.2f} s, engine step {_range_ms(sim.steps_s)}; {sim.clients} clients, "

@@ -2,7 +2,9 @@
 
 Both timelines are (tick time, replicas after that tick's decision) at the same ticks: the replay
 (replay.py) ticks when the real operator did. They agree when
-- at every tick the replica counts differ by at most `replicas_tolerance` (1), and
+- at every tick the replica counts differ by at most `replicas_tolerance` (1), except between the two
+  timelines' moments of one kind when those agree (below): there one side has taken a decision the other
+  takes a tick or two later, and a scale by more than the tolerance in one decision differs by more, and
 - the scale-up moment (the first tick whose count is above the count both started from) and the
   scale-down moment (the first tick whose count is below the one before) exist in both or in neither,
   and fall within `moment_tolerance_intervals` (2) autoscaler intervals of each other.
@@ -35,9 +37,9 @@ class Agreement:
     moment_tolerance_intervals: float
 
     def problems(self) -> list[str]:
-        found = [f"t={t:.1f}s: real {real}, simulated {sim}" for t, real, sim in self.rows
-                 if abs(real - sim) > self.replicas_tolerance]
         limit_s = self.moment_tolerance_intervals * self.interval_s
+        found = [f"t={t:.1f}s: real {real}, simulated {sim}" for t, real, sim in self.rows
+                 if abs(real - sim) > self.replicas_tolerance and not self._in_transition(t, limit_s)]
         for kind in ("up", "down"):
             real, sim = self.real_moments[kind], self.sim_moments[kind]
             if (real is None) != (sim is None):
@@ -45,6 +47,14 @@ class Agreement:
             elif real is not None and sim is not None and abs(real - sim) > limit_s:
                 found.append(f"scale-{kind}: real at {real:.1f}s, simulated at {sim:.1f}s (more than {limit_s:g}s apart)")
         return found
+
+    def _in_transition(self, t: float, limit_s: float) -> bool:
+        """Whether tick `t` lies from one timeline's moment to the other's, for moments that agree."""
+        for kind in ("up", "down"):
+            real, sim = self.real_moments[kind], self.sim_moments[kind]
+            if real is not None and sim is not None and abs(real - sim) <= limit_s and min(real, sim) <= t < max(real, sim):
+                return True
+        return False
 
     @property
     def ok(self) -> bool:
@@ -55,7 +65,8 @@ class Agreement:
         notes = notes or [""] * len(self.rows)
         lines = ["   tick s  real  sim"]
         for (t, real, sim), note in zip(self.rows, notes, strict=True):
-            off = f"  <-- off by more than {self.replicas_tolerance}" if abs(real - sim) > self.replicas_tolerance else ""
+            off = f"  <-- off by more than {self.replicas_tolerance}" if abs(real - sim) > self.replicas_tolerance \
+                and not self._in_transition(t, self.moment_tolerance_intervals * self.interval_s) else ""
             lines.append(f"  {t:7.2f}  {real:4d} {sim:4d}  {note}{off}")
         for kind in ("up", "down"):
             lines.append(f"  scale-{kind}: real {_at(self.real_moments[kind])}, simulated {_at(self.sim_moments[kind])}")

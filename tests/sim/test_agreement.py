@@ -26,10 +26,22 @@ def test_identical_timelines_agree():
 
 def test_one_off_at_a_tick_agrees_two_off_does_not():
     assert compare(CYCLE, _with(CYCLE, t9=3), initial=1, interval_s=2.0).ok
-    two_off = compare(CYCLE, _with(CYCLE, t3=1), initial=1, interval_s=2.0)
+    two_off = compare(CYCLE, _with(CYCLE, t13=3), initial=1, interval_s=2.0)  # back up after both scaled down
     assert not two_off.ok
-    assert two_off.problems()[0] == "t=3.0s: real 3, simulated 1"
+    assert two_off.problems()[0] == "t=13.0s: real 1, simulated 3"
     assert "<-- off by more than 1" in two_off.table()
+
+
+def test_a_scale_by_two_a_tick_later_agrees_between_the_moments_only():
+    """One decision from 3 to 1, taken a tick later in the simulation: the tick between differs by 2, and the
+    moments agree, so that tick is excused; a late scale-up by 2 likewise; moments too far apart are not."""
+    real = [(1.0, 3), (3.0, 3), (5.0, 1), (7.0, 1)]
+    late = [(1.0, 3), (3.0, 3), (5.0, 3), (7.0, 1)]
+    assert compare(real, late, initial=3, interval_s=2.0).ok
+    assert compare(late, real, initial=3, interval_s=2.0).ok
+    assert compare(CYCLE, _with(CYCLE, t3=1), initial=1, interval_s=2.0).ok  # scaled up at 5, not 3
+    assert compare(real, late, initial=3, interval_s=0.5).problems() == [
+        "t=5.0s: real 1, simulated 3", "scale-down: real at 5.0s, simulated at 7.0s (more than 1s apart)"]
 
 
 def test_moments_may_differ_by_two_intervals_not_more():

@@ -95,7 +95,11 @@ def rss_bytes(server: ServerProcess, samples: int = 5, every_s: float = 0.2) -> 
 
 def _children(pid: int) -> list[int]:
     found = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return []  # exited meanwhile
+    for task in tasks:
         try:
             found += [int(c) for c in (task / "children").read_text().split()]
         except OSError:
