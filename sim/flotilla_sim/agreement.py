@@ -36,10 +36,13 @@ class Agreement:
     replicas_tolerance: int
     moment_tolerance_intervals: float
 
+    @property
+    def limit_s(self) -> float:
+        return self.moment_tolerance_intervals * self.interval_s
+
     def problems(self) -> list[str]:
-        limit_s = self.moment_tolerance_intervals * self.interval_s
-        found = [f"t={t:.1f}s: real {real}, simulated {sim}" for t, real, sim in self.rows
-                 if abs(real - sim) > self.replicas_tolerance and not self._in_transition(t, limit_s)]
+        limit_s = self.limit_s
+        found = [f"t={t:.1f}s: real {real}, simulated {sim}" for t, real, sim in self.rows if self._off(t, real, sim)]
         for kind in ("up", "down"):
             real, sim = self.real_moments[kind], self.sim_moments[kind]
             if (real is None) != (sim is None):
@@ -48,13 +51,16 @@ class Agreement:
                 found.append(f"scale-{kind}: real at {real:.1f}s, simulated at {sim:.1f}s (more than {limit_s:g}s apart)")
         return found
 
-    def _in_transition(self, t: float, limit_s: float) -> bool:
-        """Whether tick `t` lies from one timeline's moment to the other's, for moments that agree."""
+    def _off(self, t: float, real: int, sim: int) -> bool:
+        """A tick breaking the replica rule: counts further apart than the tolerance, outside a transition
+        (from one timeline's moment to the other's, for moments that agree)."""
+        if abs(real - sim) <= self.replicas_tolerance:
+            return False
         for kind in ("up", "down"):
-            real, sim = self.real_moments[kind], self.sim_moments[kind]
-            if real is not None and sim is not None and abs(real - sim) <= limit_s and min(real, sim) <= t < max(real, sim):
-                return True
-        return False
+            a, b = self.real_moments[kind], self.sim_moments[kind]
+            if a is not None and b is not None and abs(a - b) <= self.limit_s and min(a, b) <= t < max(a, b):
+                return False
+        return True
 
     @property
     def ok(self) -> bool:
@@ -65,8 +71,7 @@ class Agreement:
         notes = notes or [""] * len(self.rows)
         lines = ["   tick s  real  sim"]
         for (t, real, sim), note in zip(self.rows, notes, strict=True):
-            off = f"  <-- off by more than {self.replicas_tolerance}" if abs(real - sim) > self.replicas_tolerance \
-                and not self._in_transition(t, self.moment_tolerance_intervals * self.interval_s) else ""
+            off = f"  <-- off by more than {self.replicas_tolerance}" if self._off(t, real, sim) else ""
             lines.append(f"  {t:7.2f}  {real:4d} {sim:4d}  {note}{off}")
         for kind in ("up", "down"):
             lines.append(f"  scale-{kind}: real {_at(self.real_moments[kind])}, simulated {_at(self.sim_moments[kind])}")
