@@ -119,7 +119,8 @@ def test_disconnects_through_the_gateway_free_the_kv(setup: Setup) -> None:
     async def leave(i: int) -> None:
         async with httpx.AsyncClient(timeout=30) as client, client.stream(
                 "POST", setup.gateway.url + "/v1/completions", headers={"Authorization": "Bearer sk-team-a"},
-                json={"model": "tiny", "prompt": f"story {i}", "max_tokens": 200, "stream": True}) as r:
+                json={"model": "tiny", "prompt": f"story {i}", "max_tokens": 1500, "ignore_eos": True,
+                      "stream": True}) as r:  # it cannot end by itself before the client leaves
             async for line in r.aiter_lines():
                 if line.startswith("data: "):
                     return  # leave after the first token

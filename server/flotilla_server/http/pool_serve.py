@@ -6,7 +6,7 @@ from __future__ import annotations
 import uvicorn
 
 from flotilla_server.http.api_key import ApiKeyGuard
-from flotilla_server.http.bounded_protocol import BoundedH11Protocol
+from flotilla_server.http.bounded_protocol import EVENT_LOOP, BoundedHttpProtocol
 from flotilla_server.http.pool_front import PoolFront
 from flotilla_server.http.pool_routes import create_pool_app
 from flotilla_server.http.serve import DrainingServer, curl_example
@@ -28,7 +28,8 @@ def serve_pool(settings: ServerSettings, cache: ModelCache) -> int:
     front = build_front(settings, cache)
     app = ApiKeyGuard(front, settings.api_key) if settings.api_key else front  # as a single-model server
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            timeout_graceful_shutdown=1, access_log=False, http=BoundedH11Protocol, lifespan="on")
+                            timeout_graceful_shutdown=1, access_log=False, http=BoundedHttpProtocol, loop=EVENT_LOOP,
+                            lifespan="on")
     server = DrainingServer(config, front, settings.drain_timeout_s)
     names = cache.names()
     print(f"flotilla-server: serving {len(names)} model(s) ({', '.join(names)}) within a memory budget of "

@@ -23,7 +23,7 @@ import uvicorn
 from flotilla_server.engine.client import EngineClient
 from flotilla_server.http.admission import AdmissionQueue
 from flotilla_server.http.app import create_app
-from flotilla_server.http.bounded_protocol import BoundedH11Protocol
+from flotilla_server.http.bounded_protocol import EVENT_LOOP, BoundedHttpProtocol
 from flotilla_server.http.settings import ServerSettings
 from flotilla_server.http.state import ServedModel, ServerState
 
@@ -137,7 +137,7 @@ def serve(settings: ServerSettings, engine: EngineClient, model: ServedModel) ->
     state = build_state(settings, engine, model)
     app = create_app(state, settings.max_body_bytes, settings.api_key)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            timeout_graceful_shutdown=1, access_log=False, http=BoundedH11Protocol)
+                            timeout_graceful_shutdown=1, access_log=False, http=BoundedHttpProtocol, loop=EVENT_LOOP)
     server = DrainingServer(config, state, settings.drain_timeout_s)
     engine.add_death_listener(server.on_engine_death)
     # a demonstration model is announced once, by the loader's warning
