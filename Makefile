@@ -63,6 +63,7 @@ bench: setup tools
 	$(VENV)/bin/flotilla-bench offline --json $(BENCH_OUT)/offline.json --plot $(BENCH_OUT)/offline.png
 	$(PY) -m flotilla_gateway.bench.overhead --json $(BENCH_OUT)/gateway_overhead.json
 	$(VENV)/bin/flotilla-bench prefix --json $(BENCH_OUT)/prefix.json --plot $(BENCH_OUT)/prefix.png
+	$(VENV)/bin/flotilla-bench priorities --json $(BENCH_OUT)/priorities.json --plot $(BENCH_OUT)/priorities.png
 	$(PY) -m flotilla_gateway.bench.prefix_routing --json $(BENCH_OUT)/prefix_routing.json --plot $(BENCH_OUT)/prefix_routing.png
 	PYTHONPATH="$(CURDIR)/contract:$(CURDIR)/server:$(CURDIR)/operator:$(CURDIR)/gateway:$(CURDIR)/sim:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" \
 	  $(PY) -m e2e.pool_bench --json $(BENCH_OUT)/pool.json --plot $(BENCH_OUT)/pool.png
@@ -73,6 +74,7 @@ bench-docs:
 	cp $(BENCH_OUT)/offline.json $(BENCH_OUT)/offline.png docs/bench/
 	@test ! -f $(BENCH_OUT)/gateway_overhead.json || cp $(BENCH_OUT)/gateway_overhead.json docs/bench/
 	@test ! -f $(BENCH_OUT)/prefix.json || cp $(BENCH_OUT)/prefix.json $(BENCH_OUT)/prefix.png docs/bench/
+	@test ! -f $(BENCH_OUT)/priorities.json || cp $(BENCH_OUT)/priorities.json $(BENCH_OUT)/priorities.png docs/bench/
 	@test ! -f $(BENCH_OUT)/prefix_routing.json || cp $(BENCH_OUT)/prefix_routing.json $(BENCH_OUT)/prefix_routing.png docs/bench/
 	@test ! -f $(BENCH_OUT)/pool.json || cp $(BENCH_OUT)/pool.json $(BENCH_OUT)/pool.png docs/bench/
 

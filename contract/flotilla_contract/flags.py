@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from flotilla_contract import classes as c
+
 DEFAULT_PORT = 8000
 DEFAULT_MAX_NUM_SEQS = 64
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
@@ -92,6 +94,27 @@ SERVER_FLAGS: tuple[Flag, ...] = (
          "Admission queue depth per slot; the queue holds this × --max-num-seqs before answering 429."),
     Flag("--queue-timeout-s", "queue_timeout_s", "float", DEFAULT_QUEUE_TIMEOUT_S,
          "Longest wait in the admission queue before 429, seconds."),
+    Flag("--class-weights", "class_weights", "str",
+         ",".join(f"{k}={v:g}" for k, v in c.DEFAULT_CLASS_WEIGHTS.items()),
+         "Weighted fair queuing between request classes (X-Flotilla-Class or `flotilla_class`): NAME=WEIGHT for "
+         f"{' and '.join(c.REQUEST_CLASSES)}; of the admissions while both wait, each class gets its weight's share."),
+    Flag("--interactive-reserve-slots", "interactive_reserve_slots", "int", None,
+         "Slots only interactive requests may take (batch work fills the rest); default: --max-num-seqs / 8, "
+         "at least 1; 0 turns the reserve off."),
+    Flag("--class-queue-timeout-s", "class_queue_timeout_s", "str", None,
+         "Per-class wait budgets in the admission queue, CLASS=SECONDS (e.g. batch=600); a class not named waits "
+         "--queue-timeout-s."),
+    Flag("--batch-max-preemptions", "batch_max_preemptions", "int", c.DEFAULT_BATCH_MAX_PREEMPTIONS,
+         "A batch request gives its slot to a waiting interactive one at most this many times, then keeps it."),
+    Flag("--batch-prefill-tokens", "batch_prefill_tokens", "int", c.DEFAULT_BATCH_PREFILL_TOKENS,
+         "Prefill tokens batch requests may take in one engine step while interactive work waits or prefills."),
+    Flag("--tenant-weights", "tenant_weights", "str", None,
+         "Weighted fair queuing between tenants within a class (X-Flotilla-Tenant or `user`): NAME=WEIGHT, "
+         "a tenant not named weighs 1. Tenant fairness is on when this or a tenant cap is set; else FIFO."),
+    Flag("--tenant-max-running", "tenant_max_running", "int", None,
+         "Requests one tenant may have running at once; more wait in the queue. Default: no cap."),
+    Flag("--tenant-max-queued", "tenant_max_queued", "int", None,
+         "Requests one tenant may have waiting; more get 429 tenant_limit with Retry-After. Default: no cap."),
     Flag("--drain-timeout-s", "drain_timeout_s", "float", DEFAULT_DRAIN_TIMEOUT_S,
          "On SIGTERM, how long in-flight requests may take to finish before the process exits, seconds."),
     Flag("--prefix-caching", "prefix_caching", "str", "on",

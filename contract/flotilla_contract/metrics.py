@@ -33,4 +33,5 @@ GATEWAY_REQUESTS_HELD = "flotilla_gateway_requests_held"  # the autoscaler's pen
 MODEL_LABEL = "model"  # every server and gateway series carries the served model name
 MODEL_NAMESPACE_LABEL = "model_namespace"  # gateway series: the InferenceModel's namespace
 
-REJECTION_REASONS = ("queue_full", "queue_timeout", "infeasible", "draining", "client_gone", "slow_client")
+REJECTION_REASONS = ("queue_full", "queue_timeout", "infeasible", "draining", "client_gone", "slow_client",
+                     "tenant_limit")

@@ -236,17 +236,21 @@ async def _disconnected(request: Request) -> None:
 
 
 def _upstream_headers(request: Request, tenant: Tenant | None, upstream_key: str | None) -> dict[str, str]:
-    """The client's headers minus hop-by-hop ones; with keys on, the gateway's tenant replaces the client's
-    tenant and class headers, and the key itself stays here. With an upstream key, the servers get it in
-    place of the client's."""
+    """The client's headers minus hop-by-hop ones; with keys on, the key's tenant replaces the client's
+    tenant header (and the key's class, when it names one, the class header), and the key itself stays
+    here. With an upstream key, the servers get it in place of the client's."""
     stripped = set(HOP_BY_HOP) | {"accept-encoding", PREFIX_KEY_HEADER.lower()}  # the gateway names prefixes
     if tenant is not None:
-        stripped |= {"authorization", TENANT_HEADER.lower(), CLASS_HEADER.lower()}
+        stripped |= {"authorization", TENANT_HEADER.lower()}
+        if tenant.request_class is not None:
+            stripped.add(CLASS_HEADER.lower())
     if upstream_key is not None:
         stripped.add("authorization")
     headers: dict[str, Any] = {k: v for k, v in request.headers.items() if k.lower() not in stripped}
     if tenant is not None:
         headers[TENANT_HEADER] = tenant.name
+        if tenant.request_class is not None:
+            headers[CLASS_HEADER] = tenant.request_class
     if upstream_key is not None:
         headers["authorization"] = f"Bearer {upstream_key}"
     headers["content-type"] = "application/json"

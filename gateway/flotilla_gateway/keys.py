@@ -4,6 +4,7 @@ The keys file (a mounted Secret) maps each key to a tenant and its models, as YA
 
     sk-team-a-123: {tenant: team-a, models: [llama-8b, tiny]}
     sk-ops-456: {tenant: ops}            # no models: every model
+    sk-evals-789: {tenant: evals, class: batch}   # every request of this key is batch work
 
 A missing or unknown key is 401, a model outside the tenant's list 403, both in OpenAI's error shape.
 """
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from flotilla_contract.classes import REQUEST_CLASSES
 
 from flotilla_gateway.errors import GatewayError
 
@@ -22,6 +24,7 @@ from flotilla_gateway.errors import GatewayError
 class Tenant:
     name: str
     models: frozenset[str] | None  # None: every model
+    request_class: str | None = None  # the class every request of the key gets; None: the client's
 
 
 def load_keys(path: str | Path) -> dict[str, Tenant]:
@@ -39,7 +42,11 @@ def load_keys(path: str | Path) -> dict[str, Tenant]:
         models = entry.get("models")
         if models is not None and not (isinstance(models, list) and all(isinstance(m, str) for m in models)):
             raise ValueError(f"the keys file {path}: `models` of tenant {entry['tenant']!r} must be a list of names")
-        keys[str(key)] = Tenant(entry["tenant"], frozenset(models) if models is not None else None)
+        request_class = entry.get("class")
+        if request_class is not None and request_class not in REQUEST_CLASSES:
+            raise ValueError(f"the keys file {path}: `class` of tenant {entry['tenant']!r} must be one of "
+                             f"{', '.join(REQUEST_CLASSES)}, got {request_class!r}")
+        keys[str(key)] = Tenant(entry["tenant"], frozenset(models) if models is not None else None, request_class)
     return keys
 
 

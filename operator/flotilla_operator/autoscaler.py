@@ -6,6 +6,8 @@ Prometheus. The loop in `handlers/autoscale.py` gathers the inputs and carries o
 
 Formula (documented in docs/autoscaling.md):
 
+    weighted  R = R − (1−w)·R_batch    requests marked `batch` count w = scaling.batchDemandWeight (default 0),
+              Q = Q − (1−w)·Q_batch    interactive ones 1; no class series (an older server): R_batch = Q_batch = 0
     demand    D = R + Q + P            running + waiting (pool-wide) + demand held at zero by a front door
     target    T = 0.75·S               latency-first: headroom, no queueing
               T = S + targetQueueDepth cost-first: every slot busy plus an allowed queue
@@ -50,6 +52,7 @@ class ScalingSpec:
     scale_up_stabilization_s: float = 0.0  # scale up to the lowest recommendation of this window
     scale_down_stabilization_s: float = 300.0  # scale down to the highest recommendation of this window
     scale_to_zero_after_s: float = 600.0  # cost-first with min 0: no demand for this long before zero
+    batch_demand_weight: float = 0.0  # w: what one batch request counts toward demand (interactive: 1)
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -63,6 +66,8 @@ class ScalingSpec:
         for name in ("scale_up_stabilization_s", "scale_down_stabilization_s", "scale_to_zero_after_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"scaling.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.batch_demand_weight <= 1:
+            raise ValueError(f"scaling.batchDemandWeight must be between 0 and 1, got {self.batch_demand_weight}")
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,8 @@ class PoolMetrics:
     running: float  # R: requests holding a slot in all replicas
     slots_per_replica: float  # S: max_num_seqs of one replica
     replicas_reporting: int  # replicas whose metrics Prometheus holds
+    waiting_batch: float = 0.0  # Q_batch: of `waiting`, requests of class batch (0 when no server reports classes)
+    running_batch: float = 0.0  # R_batch: of `running`, requests of class batch
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,15 @@ class Decision:
         if self.desired_replicas < current_replicas:
             return "down"
         return "hold"
+
+
+def weighted_demand(spec: ScalingSpec, metrics: PoolMetrics) -> tuple[float, float]:
+    """(R, Q) with each batch request counted `batchDemandWeight` instead of 1; never below zero (the class
+    gauges and the totals are separate series, so one scrape may see them a request apart)."""
+    discount = 1.0 - spec.batch_demand_weight
+    running = max(metrics.running - discount * metrics.running_batch, 0.0)
+    waiting = max(metrics.waiting - discount * metrics.waiting_batch, 0.0)
+    return running, waiting
 
 
 def target_in_flight(spec: ScalingSpec, slots_per_replica: float) -> float:
@@ -158,19 +174,27 @@ def decide(spec: ScalingSpec, obs: Observation, state: AutoscalerState) -> Decis
         # Missing data holds: never scale (and never to zero) on what was not measured.
         return Decision(current, REASON_METRICS_UNAVAILABLE, f"holding {current} replicas: {why}", state)
 
-    demand = metrics.running + metrics.waiting + obs.pending_demand
+    running, waiting = weighted_demand(spec, metrics)
+    demand = running + waiting + obs.pending_demand
+    # Any request at all, batch included, is work in the system: it keeps one replica (batch work must
+    # finish, not scale the model to zero) and stops the idle clock, whatever its weight in the demand.
+    busy = metrics.running + metrics.waiting + obs.pending_demand > 0
     target = target_in_flight(spec, metrics.slots_per_replica)
-    raw = math.ceil(demand / target - 1e-9) if demand > 0 else 0
+    raw = math.ceil(demand / target - 1e-9) if demand > 0 else (1 if busy else 0)
+    batch = ""
+    if metrics.running_batch > 0 or metrics.waiting_batch > 0:
+        batch = (f" (batch Rb={metrics.running_batch:g} Qb={metrics.waiting_batch:g} "
+                 f"weighed w={spec.batch_demand_weight:g})")
     numbers = (
-        f"R={metrics.running:g} Q={metrics.waiting:g} P={obs.pending_demand} S={metrics.slots_per_replica:g} "
+        f"R={running:g} Q={waiting:g}{batch} P={obs.pending_demand} S={metrics.slots_per_replica:g} "
         f"T={target:g} ceil((R+Q+P)/T)={raw} current={current} ready={obs.ready_replicas} "
         f"starting={obs.starting_replicas}"
     )
     within_tolerance = current > 0 and abs(demand / (current * target) - 1.0) <= TOLERANCE
     recommendation = _clamp(current if within_tolerance else raw, spec)
 
-    idle_since = state.idle_since_s if demand == 0 else None
-    if demand == 0 and idle_since is None:
+    idle_since = state.idle_since_s if not busy else None
+    if not busy and idle_since is None:
         idle_since = obs.now_s
     # A model seen for the first time (or after its whole history expired) remembers its current
     # size as a recommendation, so nothing shrinks before one full window of evidence (as the HPA).

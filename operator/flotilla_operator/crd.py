@@ -15,7 +15,7 @@ from flotilla_operator import types
 # Keys a structural schema node may carry; everything else pydantic emits (title, ...) is dropped.
 KEPT_KEYS = (
     "description", "type", "format", "enum", "default", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "minLength", "maxLength", "pattern", "minItems", "maxItems", "required",
+    "exclusiveMaximum", "minLength", "maxLength", "pattern", "minItems", "maxItems", "maxProperties", "required",
     "x-kubernetes-validations", "x-kubernetes-preserve-unknown-fields",
 )
 

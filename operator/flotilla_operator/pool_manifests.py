@@ -39,7 +39,7 @@ from flotilla_operator.manifests import _resources as resources  # reads only .r
 from flotilla_operator.model_source import MODELS_DIR
 from flotilla_operator.placement import render_placement
 from flotilla_operator.pool_members import Member, members_file
-from flotilla_operator.server_args import PORT, flag
+from flotilla_operator.server_args import PORT, class_values, flag
 from flotilla_operator.server_env import server_env
 
 MEMBERS_DIR = "/etc/flotilla/pool"
@@ -136,6 +136,7 @@ def pool_server_args(spec: pool_types.ModelPoolSpec) -> list[str]:
     ]
     if server.max_model_len is not None:
         values.append(("--max-model-len", server.max_model_len))
+    values += class_values(server)
     values += [("--model-list-file", f"{MEMBERS_DIR}/{MEMBERS_KEY}"), ("--memory-budget", budget_per_replica_bytes(spec))]
     args = [part for name, value in values for part in flag(name, value)]
     return args + list(server.extra_args)

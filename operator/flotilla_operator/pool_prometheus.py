@@ -25,6 +25,7 @@ from flotilla_operator.prometheus import (
     PoolSample,
     PrometheusClient,
     PrometheusError,
+    batch_parts,
     parse_pool,
 )
 
@@ -47,7 +48,7 @@ def held_selector(namespace: str, models: Iterable[str]) -> str:
 
 
 def aggregate_query(namespace: str, pool: str, models: Iterable[str]) -> str:
-    """The pool's sums at one instant (waiting, running, slots, replicas, held), each tagged `part`."""
+    """The pool's sums at one instant (waiting, running, slots, replicas, held, batch), each tagged `part`."""
     servers, held = pool_selector(namespace, pool), held_selector(namespace, models)
     parts = [
         ("waiting", f"sum({REQUESTS_WAITING}{servers})"),
@@ -55,6 +56,7 @@ def aggregate_query(namespace: str, pool: str, models: Iterable[str]) -> str:
         ("slots", f"sum({SLOTS}{servers})"),
         ("replicas", f"count(count by (pod) ({SLOTS}{servers}))"),  # a pod exports slots once per model
         ("held", f"sum({GATEWAY_REQUESTS_HELD}{held})"),
+        *batch_parts(servers),
     ]
     return " or ".join(f'label_replace({expr}, "part", "{name}", "", "")' for name, expr in parts)
 

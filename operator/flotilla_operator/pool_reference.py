@@ -79,10 +79,13 @@ and `decide_pool`, pure functions tested as tables beside `autoscaler.decide`.
 Every `--autoscale-interval-s` a timer per pool asks Prometheus (`pool_prometheus.py`) for:
 
 - the pool's servers' `flotilla_requests_waiting`, `flotilla_requests_running` and `flotilla_slots`, selected by
-  the `pool` label (the pool's ServiceMonitor copies the pods' `flotilla.dev/model-pool` label into it);
+  the `pool` label (the pool's ServiceMonitor copies the pods' `flotilla.dev/model-pool` label into it), and the
+  batch class's share of waiting and running (`flotilla_class_requests_*{class="batch"}`), which counts
+  `scaling.batchDemandWeight` (default 0) per request instead of 1, as for a model (docs/autoscaling.md);
 - the requests the gateway holds for the members (`flotilla_gateway_requests_held`), so a pool at zero wakes;
 - the members *active* in the window: a request running, waiting or held at any scrape of the last
   `demandWindowSeconds`. Each counts `modelMemory` (the operator does not yet read a member's real footprint).
+  A member with batch requests only is active too: its work must finish, so its memory stays in the floor.
 
 It writes the pool's `.spec.replicas` through the scale subresource, `status.autoscaler` (reason `MemoryFloor`
 when the floor alone set the count) and the `ScalingActive` condition. When the query fails, it holds. As for

@@ -68,6 +68,14 @@ class PoolScalingSpec(ApiModel):
         600, description="scaleToZeroAfterSeconds is the idle time of every member before a pool with minReplicas 0 scales to zero.", ge=0
     )
     disabled: bool = Field(False, description="disabled hands `.spec.replicas` to someone else (kubectl scale, an HPA, KEDA).")
+    batch_demand_weight: float = Field(
+        0.0,
+        description="batchDemandWeight is how much one `batch` request (waiting or running, over every member) "
+        "counts toward the pool's demand, an interactive one counting 1: 0 (the default) never scales the pool "
+        "out for batch work; the memory floor still counts a member with only batch requests as active.",
+        ge=0,
+        le=1,
+    )
 
 
 class PoolPlacementSpec(PlacementSpec):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import httpx
+from flotilla_contract.classes import BATCH, CLASS_LABEL, CLASS_REQUESTS_RUNNING, CLASS_REQUESTS_WAITING
 from flotilla_contract.metrics import GATEWAY_REQUESTS_HELD
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -16,6 +17,8 @@ DEFAULT_TIMEOUT_S = 5.0
 WAITING = "flotilla_requests_waiting"
 RUNNING = "flotilla_requests_running"
 SLOTS = "flotilla_slots"
+WAITING_BY_CLASS = CLASS_REQUESTS_WAITING  # {class}: of WAITING, by request class
+RUNNING_BY_CLASS = CLASS_REQUESTS_RUNNING
 
 # Failure reasons (label values of PROMETHEUS_QUERY_FAILURES).
 UNREACHABLE = "unreachable"
@@ -40,6 +43,8 @@ class PoolSample:
     slots: float  # summed over replicas
     replicas_reporting: int  # replicas with a flotilla_slots series
     held: float = 0.0  # P: requests flotilla-gateway replicas hold for the model (summed over replicas)
+    waiting_batch: float = 0.0  # of `waiting`, class batch; 0 when no server exports the class gauges
+    running_batch: float = 0.0
 
     @property
     def slots_per_replica(self) -> float | None:
@@ -50,8 +55,14 @@ def _label_value(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
+def batch_parts(selector: str) -> list[tuple[str, str]]:
+    """The batch class's waiting and running sums under `selector` (a `{...}` label matcher, without class)."""
+    batch = selector[:-1] + f',{CLASS_LABEL}="{BATCH}"}}'
+    return [("waiting_batch", f"sum({WAITING_BY_CLASS}{batch})"), ("running_batch", f"sum({RUNNING_BY_CLASS}{batch})")]
+
+
 def pool_query(namespace: str, model: str) -> str:
-    """One PromQL expression evaluating all four sums at the same instant, each tagged `part`."""
+    """One PromQL expression evaluating every sum at the same instant, each tagged `part`."""
     selector = f'{{namespace="{_label_value(namespace)}",model="{_label_value(model)}"}}'
     # gateway series carry the model's namespace as model_namespace (`namespace` is the gateway's own)
     held_selector = f'{{model_namespace="{_label_value(namespace)}",model="{_label_value(model)}"}}'
@@ -61,6 +72,7 @@ def pool_query(namespace: str, model: str) -> str:
         ("slots", f"sum({SLOTS}{selector})"),
         ("replicas", f"count({SLOTS}{selector})"),
         ("held", f"sum({GATEWAY_REQUESTS_HELD}{held_selector})"),
+        *batch_parts(selector),
     ]
     return " or ".join(f'label_replace({expr}, "part", "{name}", "", "")' for name, expr in parts)
 
@@ -82,6 +94,8 @@ def parse_pool(body: object) -> PoolSample:
         slots=values.get("slots", 0.0),
         replicas_reporting=int(values.get("replicas", 0)),
         held=values.get("held", 0.0),
+        waiting_batch=values.get("waiting_batch", 0.0),
+        running_batch=values.get("running_batch", 0.0),
     )
 
 

@@ -63,6 +63,15 @@ PODS_TEXT = """\
   `resources.gpuMemory` on GPU pods (omitted when `gpuMemory` is unset) or of `resources.memory` on CPU pods,
   unless `gpuMemoryUtilization` is set; the model gets one `DeprecatedField` Warning event and a `Deprecated`
   condition, never `Degraded`. `resources.gpuMemory` is read only for that field.
+- Request classes: `server.classes` becomes the server's class and tenant flags (`--class-weights`,
+  `--interactive-reserve-slots`, `--class-queue-timeout-s`, `--batch-max-preemptions`, `--batch-prefill-tokens`,
+  `--tenant-weights`, `--tenant-max-running`, `--tenant-max-queued`), and only where the spec differs from the
+  server's own defaults (`flotilla_contract.classes`): a spec that leaves `classes` alone renders the arguments it
+  rendered before classes existed, so an operator upgrade rolls no pods and a pinned older server image meets no
+  flag it does not know. A class left out of `weights` keeps its default weight. Maps render as `NAME=VALUE`
+  lists, classes in urgency order (interactive, batch) and tenants by name. The rules are in
+  [serving.md](serving.md) ("Priorities and tenants"); `scaling.batchDemandWeight` is the autoscaler's side
+  ([autoscaling.md](autoscaling.md)).
 - Resources: requests equal limits; `nvidia.com/gpu` when `gpus > 0`, with `--device cuda`, bfloat16 by
   default, the `nvidia.com/gpu.product` node selector from `gpuType`, and a memory-backed `/dev/shm`.
 - Probes: startup on `/healthz` (2 minutes for `tiny`, 15 minutes for downloaded or mounted models),
@@ -143,6 +152,10 @@ def _type_name(node: dict[str, Any]) -> str:
 
 
 def _bounds(node: dict[str, Any]) -> str:
+    if node.get("type") == "object" and isinstance(node.get("additionalProperties"), dict):
+        parts = [f"at most {node['maxProperties']} entries"] if "maxProperties" in node else []
+        values = _bounds(node["additionalProperties"])
+        return ", ".join(parts + ([f"values {values}"] if values else []))
     parts = []
     if "minimum" in node:
         parts.append(f"{'>' if node.get('exclusiveMinimum') else '≥'} {node['minimum']}")

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import math
 
+from flotilla_contract import classes as request_classes
 from flotilla_contract.flags import DEFAULT_PORT, FLAGS_BY_NAME
 from flotilla_contract.sizes import parse_bytes
 
-from flotilla_operator.types import InferenceModelSpec
+from flotilla_operator.types import InferenceModelSpec, ServerSpec
 
 PORT = DEFAULT_PORT
 
@@ -43,6 +44,40 @@ def flag(name: str, value: object) -> list[str]:
     return [FLAGS_BY_NAME[name].flag, rendered]
 
 
+def name_values(values: dict[str, float]) -> str:
+    """`{"interactive": 8.0, "batch": 1.0}` → `interactive=8,batch=1`, the server's NAME=VALUE list (12
+    significant digits: `:g` alone would round a weight of 1234567 to 1.23457e+06)."""
+    return ",".join(f"{name}={value:.12g}" for name, value in values.items())
+
+
+def class_values(server: ServerSpec) -> list[tuple[str, object]]:
+    """spec.server.classes as (flag, value) pairs: only what differs from the server's own defaults, so that
+    a spec that leaves classes alone renders the arguments it rendered before (no rollout on an operator
+    upgrade, and a pinned older server image never meets a flag it does not know)."""
+    classes = server.classes
+    order = {name: i for i, name in enumerate(request_classes.REQUEST_CLASSES)}
+    values: list[tuple[str, object]] = []
+    weights = {**request_classes.DEFAULT_CLASS_WEIGHTS, **classes.weights}  # a class left out keeps its default
+    if weights != request_classes.DEFAULT_CLASS_WEIGHTS:
+        values.append(("--class-weights", name_values(dict(sorted(weights.items(), key=lambda kv: order[kv[0]])))))
+    if classes.interactive_reserve_slots is not None:
+        values.append(("--interactive-reserve-slots", classes.interactive_reserve_slots))
+    if classes.queue_timeout_seconds:
+        timeouts = dict(sorted(classes.queue_timeout_seconds.items(), key=lambda kv: order[kv[0]]))
+        values.append(("--class-queue-timeout-s", name_values(timeouts)))
+    if classes.batch_max_preemptions != request_classes.DEFAULT_BATCH_MAX_PREEMPTIONS:
+        values.append(("--batch-max-preemptions", classes.batch_max_preemptions))
+    if classes.batch_prefill_tokens != request_classes.DEFAULT_BATCH_PREFILL_TOKENS:
+        values.append(("--batch-prefill-tokens", classes.batch_prefill_tokens))
+    if classes.tenant_weights:
+        values.append(("--tenant-weights", name_values(dict(sorted(classes.tenant_weights.items())))))
+    if classes.tenant_max_running is not None:
+        values.append(("--tenant-max-running", classes.tenant_max_running))
+    if classes.tenant_max_queued is not None:
+        values.append(("--tenant-max-queued", classes.tenant_max_queued))
+    return values
+
+
 def render_server_args(spec: InferenceModelSpec, model_arg: str) -> list[str]:
     server = spec.server
     values: list[tuple[str, object]] = [
@@ -66,5 +101,6 @@ def render_server_args(spec: InferenceModelSpec, model_arg: str) -> list[str]:
         values.append(("--kv-cache-memory", kv_bytes))
     if server.max_model_len is not None:
         values.append(("--max-model-len", server.max_model_len))
+    values += class_values(server)
     args = [part for name, value in values for part in flag(name, value)]
     return args + list(server.extra_args)

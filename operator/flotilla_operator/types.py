@@ -7,10 +7,12 @@ every field description starts with the field's name and every cross-field rule 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
+from flotilla_contract import classes as request_classes
 from flotilla_contract import flags as server_flags
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "flotilla.dev"
@@ -28,6 +30,9 @@ DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?
 # a relative path of a `.gguf` file: segments never start with a dot, so no `..` and no hidden file
 GGUF_RELATIVE_PATH = r"^[A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*\.gguf$"
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$"
+# a tenant name as the server's NAME=VALUE lists can carry it: no `,`, `=` or spaces (X-Flotilla-Tenant, `user`)
+TENANT_NAME = r"^[A-Za-z0-9_][A-Za-z0-9._:@/+-]{0,127}$"
+MAX_TENANTS = 256  # named tenants in one of spec.server.classes' tenant maps
 
 
 def rules(*pairs: tuple[str, str]) -> dict[str, Any]:
@@ -175,6 +180,15 @@ class ScalingSpec(ApiModel):
     disabled: bool = Field(
         False, description="disabled hands `.spec.replicas` to someone else (kubectl scale, an HPA, KEDA)."
     )
+    batch_demand_weight: float = Field(
+        0.0,
+        description="batchDemandWeight is how much one `batch` request (waiting or running, from the servers' "
+        "flotilla_class_requests_* gauges) counts toward the autoscaler's demand, an interactive one counting 1: "
+        "0 (the default) lets batch work fill idle capacity without ever scaling out for it; 1 counts it in full "
+        "(docs/autoscaling.md).",
+        ge=0,
+        le=1,
+    )
 
 
 class Toleration(ApiModel):
@@ -227,6 +241,100 @@ class RoutingSpec(ApiModel):
     )
 
 
+_CLASS_KEYS = "self.all(k, k in " + str(list(request_classes.REQUEST_CLASSES)) + ")"
+PositiveNumber = Annotated[float, Field(gt=0)]
+PositiveSeconds = Annotated[float, Field(gt=0, le=86400)]
+
+
+def _check_class_keys(value: dict[str, float], where: str) -> dict[str, float]:
+    unknown = sorted(set(value) - set(request_classes.REQUEST_CLASSES))
+    if unknown:
+        raise ValueError(f"server.classes.{where} names {', '.join(map(repr, unknown))}: the classes are "
+                         f"{' and '.join(request_classes.REQUEST_CLASSES)}")
+    return value
+
+
+class ClassesSpec(ApiModel):
+    """Request classes and tenants (docs/serving.md, "Priorities and tenants"): every field is optional."""
+
+    weights: dict[str, PositiveNumber] = Field(
+        dict(request_classes.DEFAULT_CLASS_WEIGHTS),  # pydantic copies it for each instance
+        description="weights share admissions between the request classes while both wait (weighted fair "
+        "queuing): `interactive` and `batch`, each > 0; a class left out keeps its default. Rendered as "
+        "--class-weights when it differs from the default.",
+        json_schema_extra={"maxProperties": len(request_classes.REQUEST_CLASSES), **rules(
+            (_CLASS_KEYS, "server.classes.weights may name only interactive and batch"))},
+    )
+    interactive_reserve_slots: int | None = Field(
+        None,
+        description="interactiveReserveSlots is the slots only interactive requests may take, below "
+        "maxNumSeqs; 0 turns the reserve off. Unset: the server's default, maxNumSeqs / 8, at least 1 (none with "
+        "one slot). "
+        "Rendered as --interactive-reserve-slots.",
+        ge=0,
+    )
+    batch_max_preemptions: int = Field(
+        request_classes.DEFAULT_BATCH_MAX_PREEMPTIONS,
+        description="batchMaxPreemptions is how many times one batch request may give its slot to a waiting "
+        "interactive one before it keeps it, so that batch work finishes. Rendered as --batch-max-preemptions "
+        "when it differs from the default.",
+        ge=0,
+        le=100,
+    )
+    batch_prefill_tokens: int = Field(
+        request_classes.DEFAULT_BATCH_PREFILL_TOKENS,
+        description="batchPrefillTokens is the prefill tokens batch requests may take in one engine step while "
+        "interactive work waits or prefills. Rendered as --batch-prefill-tokens when it differs from the default.",
+        ge=0,
+    )
+    queue_timeout_seconds: dict[str, PositiveSeconds] = Field(
+        default_factory=dict,
+        description="queueTimeoutSeconds is a wait budget in the admission queue per class (e.g. `batch: 600`); "
+        "a class left out waits server.queueTimeoutSeconds. Rendered as --class-queue-timeout-s.",
+        json_schema_extra={"maxProperties": len(request_classes.REQUEST_CLASSES), **rules(
+            (_CLASS_KEYS, "server.classes.queueTimeoutSeconds may name only interactive and batch"))},
+    )
+    tenant_weights: dict[str, PositiveNumber] = Field(
+        default_factory=dict,
+        description="tenantWeights share admissions between tenants (X-Flotilla-Tenant, else the OpenAI `user` "
+        "field) within a class, each > 0; a tenant left out weighs 1. Setting it, or a tenant cap, turns tenant "
+        "fairness on; else one class's requests are served first come, first served. Tenant names match "
+        f"`{TENANT_NAME}`. Rendered as --tenant-weights.",
+        json_schema_extra={"maxProperties": MAX_TENANTS},
+    )
+    tenant_max_running: int | None = Field(
+        None,
+        description="tenantMaxRunning is the requests one tenant may have running at once per replica; more "
+        "wait. Unset: no cap. Rendered as --tenant-max-running.",
+        ge=1,
+    )
+    tenant_max_queued: int | None = Field(
+        None,
+        description="tenantMaxQueued is the requests one tenant may have waiting per replica; more get 429 "
+        "with reason tenant_limit and Retry-After. Unset: no cap. Rendered as --tenant-max-queued.",
+        ge=1,
+    )
+
+    @field_validator("weights")
+    @classmethod
+    def _weights_name_classes(cls, value: dict[str, float]) -> dict[str, float]:
+        return _check_class_keys(value, "weights")
+
+    @field_validator("queue_timeout_seconds")
+    @classmethod
+    def _timeouts_name_classes(cls, value: dict[str, float]) -> dict[str, float]:
+        return _check_class_keys(value, "queueTimeoutSeconds")
+
+    @field_validator("tenant_weights")
+    @classmethod
+    def _tenant_names(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = sorted(name for name in value if not re.fullmatch(TENANT_NAME, name))
+        if bad:
+            raise ValueError(f"server.classes.tenantWeights: tenant names {', '.join(map(repr, bad))} do not "
+                             f"match {TENANT_NAME} (no commas, `=` or spaces)")
+        return value
+
+
 class ServerSpec(ApiModel):
     model_config = ConfigDict(
         json_schema_extra=rules(
@@ -241,6 +349,11 @@ class ServerSpec(ApiModel):
             (
                 "self.blockSize in " + str(list(BLOCK_SIZES)),
                 "server.blockSize must be a power of two between 1 and 256",
+            ),
+            (
+                "!has(self.classes) || !has(self.classes.interactiveReserveSlots) "
+                "|| self.classes.interactiveReserveSlots < self.maxNumSeqs",
+                "server.classes.interactiveReserveSlots must be less than server.maxNumSeqs, or batch work never runs",
             ),
         )
     )
@@ -287,6 +400,11 @@ class ServerSpec(ApiModel):
         description="apiKeySecretRef names a Secret key holding the API key the server then requires on /v1/... "
         "(Authorization: Bearer), set as the FLOTILLA_API_KEY environment variable from the Secret, so the key "
         "never shows in the pod spec. Give flotilla-gateway the same key (the chart's gateway.upstreamApiKeySecret).",
+    )
+    classes: ClassesSpec = Field(
+        default_factory=ClassesSpec,
+        description="classes sets how requests marked `interactive` (the default) or `batch` (X-Flotilla-Class, "
+        "or the `flotilla_class` body field) and their tenants share each replica (docs/serving.md).",
     )
     extra_args: list[str] = Field(default_factory=list, description="extraArgs are appended to the server's command line.")
 

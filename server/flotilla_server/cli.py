@@ -120,7 +120,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     # heavy imports (torch) only once the flags are valid
     from flotilla_server.engine.client import EngineStartError
     from flotilla_server.engine.factory import build_engine
-    from flotilla_server.engine.messages import EngineOptions
     from flotilla_server.http.serve import ServedModel, configure_logging, serve
 
     configure_logging(settings)
@@ -131,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _main_multi_model(settings)
         # the loader and the engine raise these, saying what to change, for a model or size that cannot serve
         engine, info = build_engine(settings.engine_config(), settings.engine_mode,  # type: ignore[arg-type]
-                                    EngineOptions(log_level=settings.log_level))
+                                    settings.engine_options())
     except (EngineStartError, ValueError, FileNotFoundError) as e:
         return _refuse(str(e), argv)
     if settings.engine_mode == "process":
@@ -144,15 +143,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main_multi_model(settings: ServerSettings) -> int:
-    from flotilla_server.engine.messages import EngineOptions
     from flotilla_server.http.pool_serve import serve_pool
     from flotilla_server.model_cache.budget import default_budget_bytes
     from flotilla_server.model_cache.cache import ModelCache
     from flotilla_server.model_cache.engine_processes import EngineProcesses
 
     # each model's engine in its own process (--engine-mode process) or on a thread of this one (inprocess)
-    engines = EngineProcesses(settings.engine_config(), settings.engine_mode,
-                              EngineOptions(log_level=settings.log_level))
+    engines = EngineProcesses(settings.engine_config(), settings.engine_mode, settings.engine_options())
     budget = settings.memory_budget_bytes or default_budget_bytes(settings.device)
     cache = ModelCache(engines, model_specs(settings), budget, settings.min_residency_s, settings.model_list_file)
     return serve_pool(settings, cache)

@@ -160,6 +160,35 @@ def test_model_dashboard_breaks_down_by_pod() -> None:
     assert sum("by (pod)" in q.expr for q in queries(model)) >= 5
 
 
+def test_model_dashboard_has_a_row_per_request_class() -> None:
+    """One row, repeated by Grafana for each value of $class (the class gauges' `class` label), whose panels
+    each select that class: waiting and running, queue wait and TTFT p95, rejections by reason, preemptions."""
+    from flotilla_contract import classes
+
+    model = DASHBOARDS["flotilla-model.json"]
+    (row,) = [p for p in model["panels"] if p["type"] == "row" and p.get("repeat") == "class"]
+    class_var = next(v for v in variables(model) if v["name"] == "class")
+    assert class_var["includeAll"] and class_var["multi"] and class_var["current"]["value"] == ["$__all"]
+    assert classes.CLASS_REQUESTS_WAITING in class_var["definition"]
+    after = [p for p in model["panels"] if p["gridPos"]["y"] > row["gridPos"]["y"]]
+    assert after and all(p["type"] != "row" for p in after)  # the repeated row is the last: it takes them all
+    exprs: dict[str, str] = {}
+    for q in queries(model):
+        if q.panel in {p["title"] for p in after}:
+            assert 'class=~"$class"' in q.expr, q.name
+            exprs[q.panel] = exprs.get(q.panel, "") + q.expr
+    required = {
+        "Waiting and running by class": f"{classes.CLASS_REQUESTS_WAITING}{{.*{classes.CLASS_REQUESTS_RUNNING}{{",
+        "Queue wait p95 by class": rf"histogram_quantile\(0.95, sum by \(class, le\) \(rate\({classes.CLASS_QUEUE_WAIT_SECONDS}_bucket",
+        "Time to first token p95 by class": rf"histogram_quantile\(0.95, .*{classes.CLASS_TIME_TO_FIRST_TOKEN_SECONDS}_bucket",
+        "Rejections/s by class and reason": rf"sum by \(class, reason\).*reason=\"{classes.TENANT_LIMIT}\"",
+        "Preemptions/s by class": rf"sum by \(class\) \(rate\({classes.CLASS_PREEMPTIONS}_total",
+    }
+    assert set(exprs) == set(required)
+    for panel, pattern in required.items():
+        assert re.search(pattern, exprs[panel]), panel
+
+
 def test_queries_use_only_series_the_system_exports() -> None:
     exported = system_series()
     for dashboard in DASHBOARDS.values():
@@ -177,7 +206,7 @@ def test_every_query_parses_as_promql(tmp_path: Path) -> None:
     for dashboard in DASHBOARDS.values():
         for i, q in enumerate(queries(dashboard)):
             expr = substitute(q.expr, {"datasource": "prometheus", "namespace": ".*", "model": ".*", "pod": ".*",
-                                       "pool": ".*"})
+                                       "pool": ".*", "class": ".*"})
             rules.append({"record": f"dashboard:{dashboard['uid'].replace('-', '_')}:{i}", "expr": expr,
                           "labels": {"panel": q.name}})
     rules_file = tmp_path / "dashboard-queries.yaml"

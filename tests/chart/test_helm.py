@@ -171,11 +171,18 @@ def test_pod_monitor_follows_watched_namespaces() -> None:
     assert spec["namespaceSelector"] == {"any": True}
 
 
-def test_prometheus_rule_is_the_alert_file_verbatim() -> None:
+def test_prometheus_rule_is_the_alert_file_verbatim_then_the_class_slos() -> None:
     rule = one(render("all-options"), "PrometheusRule")
     source = yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())
-    assert rule["spec"] == source
+    *groups, slos = rule["spec"]["groups"]
+    assert {**rule["spec"], "groups": groups} == source
+    assert slos["name"] == "flotilla.class-slos"
+    assert {r["labels"]["class"]: r["expr"] for r in slos["rules"]} == {"interactive": "vector(0.5)", "batch": "vector(600)"}
+    assert {r["record"] for r in slos["rules"]} == {"flotilla:class_queue_wait_slo_seconds"}
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    no_slos = one(render("default", "prometheusRule.enabled=true", "prometheusRule.classQueueWaitSLOSeconds=null"),
+                  "PrometheusRule", component="alerts")
+    assert no_slos["spec"] == source  # no SLOs: no group, and FlotillaClassQueueWaitHigh never fires
 
 
 @pytest.mark.parametrize(

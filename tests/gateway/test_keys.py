@@ -47,3 +47,12 @@ def test_authorize() -> None:
     with pytest.raises(GatewayError) as caught:
         authorize(KEYS["sk-a"], "llama")
     assert caught.value.status == 403 and "tiny" in caught.value.message
+
+
+def test_a_key_may_name_the_class_of_its_requests(tmp_path):
+    path = tmp_path / "keys.yaml"
+    path.write_text("sk-e: {tenant: evals, class: batch}\n")
+    assert load_keys(path) == {"sk-e": Tenant("evals", None, "batch")}
+    path.write_text("sk-e: {tenant: evals, class: bulk}\n")
+    with pytest.raises(ValueError, match="`class` of tenant 'evals' must be one of interactive, batch"):
+        load_keys(path)

@@ -28,7 +28,7 @@ from tests.support.k8s_emulator import EmulatorHandle
 
 KEYS = """
 sk-team-a: {tenant: team-a, models: [tiny, probe]}
-sk-team-b: {tenant: team-b, models: [probe]}
+sk-team-b: {tenant: team-b, models: [probe], class: batch}
 """
 SERVER_KEY = "sk-servers-only"
 
@@ -108,7 +108,7 @@ def test_the_tenant_comes_from_the_key(setup: Setup) -> None:
     state = setup.pods.states[setup.probe]
     headers = {k.lower(): v for k, v in state.last_headers.items()}
     assert headers["x-flotilla-tenant"] == "team-b"  # replaced, not passed on
-    assert "x-flotilla-class" not in headers
+    assert headers["x-flotilla-class"] == "batch"  # the key's class, not the client's
     assert headers["authorization"] == f"Bearer {SERVER_KEY}"  # the servers' key, never the client's
     assert state.last_body["cache_salt"] == "team-b"  # no probing another tenant's prefix cache
     metrics = httpx.get(setup.gateway.url + "/metrics").text

@@ -35,6 +35,17 @@ def pool(running: float, waiting: float, reporting: int = 1) -> PoolMetrics:
     return PoolMetrics(waiting=waiting, running=running, slots_per_replica=S, replicas_reporting=reporting)
 
 
+def classed(running: float, waiting: float, running_batch: float, waiting_batch: float,
+            reporting: int = 1) -> PoolMetrics:
+    """Totals with the batch class's share of them (the flotilla_class_requests_* gauges)."""
+    return PoolMetrics(waiting=waiting, running=running, slots_per_replica=S, replicas_reporting=reporting,
+                       waiting_batch=waiting_batch, running_batch=running_batch)
+
+
+def weighing(spec: ScalingSpec, w: float) -> ScalingSpec:
+    return replace(spec, batch_demand_weight=w)
+
+
 def history(*pairs: tuple[float, int]) -> AutoscalerState:
     """Recommendations given as (seconds ago, replicas)."""
     return AutoscalerState(tuple(Recommendation(NOW - ago, n) for ago, n in pairs))
@@ -119,6 +130,23 @@ CASES = [
          state=idle(3600), woken_ago_s=30),
     Case("an old wake does not", COST_ZERO, pool(0, 0), 1, 0, a.REASON_SCALE_TO_ZERO, state=idle(3600),
          woken_ago_s=61),
+    # batch demand (scaling.batchDemandWeight w): Q - (1-w)*Qb and R - (1-w)*Rb, interactive at 1
+    Case("a batch flood does not scale out (w=0)", COST_WIDE, classed(4, 96, 4, 96), 1, 1, a.REASON_STABLE),
+    Case("interactive beside the flood still scales", COST_WIDE, classed(4, 96, 2, 80), 1, 3, a.REASON_SCALE_UP),
+    # ceil((2 + 16) / 8) = 3: only the interactive 2 running and 16 waiting count
+    Case("w=1 counts batch in full", weighing(COST_WIDE, 1), classed(4, 96, 4, 96), 1, 5,
+         a.REASON_SCALE_UP_RATE_LIMITED),  # as pool(4, 96)
+    Case("w=0.5 counts half", weighing(COST_WIDE, 0.5), classed(4, 36, 4, 36), 1, 3, a.REASON_SCALE_UP),
+    # (4 - 2) + (36 - 18) = 20, ceil(20/8) = 3
+    Case("no class series: an older server counts everything", COST_WIDE, pool(4, 96), 1, 5,
+         a.REASON_SCALE_UP_RATE_LIMITED),
+    Case("batch-only work keeps a cost-first model from zero", COST_ZERO, classed(4, 10, 4, 10), 1, 1,
+         a.REASON_STABLE, state=idle(3600)),
+    Case("batch-only work shrinks to 1, not to 0", COST_ZERO, classed(8, 20, 8, 20, 3), 3, 1, a.REASON_SCALE_DOWN,
+         state=history((40, 3), (20, 1))),
+    Case("latency-first: batch does not eat the headroom", LATENCY, classed(4, 0, 3, 0), 1, 1, a.REASON_STABLE),
+    Case("class gauges a request ahead of the totals never go negative", COST, classed(0, 0, 1, 2), 1, 1,
+         a.REASON_STABLE),
     # restart: the history read back from status keeps the window
     Case("restart keeps the window", COST, pool(0, 0, 4), 4, 4, a.REASON_SCALE_DOWN_STABILIZING,
          state=state_from_status(status_patch(
@@ -150,6 +178,26 @@ def test_reason_carries_the_numbers() -> None:
     decision = a.decide(COST, Observation(pool(4, 12), 1, 1, 0, NOW), AutoscalerState())
     for text in ("R=4", "Q=12", "S=4", "T=8", "ceil((R+Q+P)/T)=2", "current=1"):
         assert text in decision.message
+
+
+def test_batch_numbers_travel_with_the_reason() -> None:
+    decision = a.decide(weighing(COST, 0.25), Observation(classed(6, 12, 4, 8), 1, 1, 0, NOW), AutoscalerState())
+    for text in ("R=3 Q=6", "Rb=4 Qb=8", "w=0.25", "ceil((R+Q+P)/T)=2"):  # 6-0.75*4, 12-0.75*8
+        assert text in decision.message, decision.message
+    plain = a.decide(COST, Observation(pool(4, 12), 1, 1, 0, NOW), AutoscalerState())
+    assert "Rb=" not in plain.message  # no batch work, no batch numbers
+
+
+def test_batch_work_stops_the_idle_clock() -> None:
+    idle_state = a.decide(COST_ZERO, Observation(pool(0, 0), 1, 1, 0, NOW), AutoscalerState()).state
+    busy = a.decide(COST_ZERO, Observation(classed(1, 0, 1, 0), 1, 1, 0, NOW + 5), idle_state)
+    assert busy.state.idle_since_s is None and busy.recommendation == 1
+
+
+@pytest.mark.parametrize("w", [0.0, 0.3, 1.0])
+def test_weighted_demand_is_the_formula(w: float) -> None:
+    m = classed(running=10, waiting=30, running_batch=6, waiting_batch=20)
+    assert a.weighted_demand(weighing(COST, w), m) == pytest.approx((10 - (1 - w) * 6, 30 - (1 - w) * 20))
 
 
 def test_idle_clock_starts_and_resets() -> None:
@@ -186,6 +234,8 @@ def test_unreadable_status_entries_are_dropped() -> None:
     dict(min_replicas=3, max_replicas=2), dict(min_replicas=0, max_replicas=1, policy="fastest"),
     dict(min_replicas=0, max_replicas=1, target_queue_depth=-1),
     dict(min_replicas=0, max_replicas=1, scale_down_stabilization_s=-1),
+    dict(min_replicas=0, max_replicas=1, batch_demand_weight=1.5),
+    dict(min_replicas=0, max_replicas=1, batch_demand_weight=-0.1),
 ])
 def test_invalid_spec_says_what_to_change(bad: dict) -> None:
     with pytest.raises(ValueError, match=r"scaling|policy"):

@@ -16,7 +16,14 @@ import yaml
 from flotilla_operator import credentials, types
 from flotilla_operator.handlers.autoscale import autoscale_once
 from flotilla_operator.kube import KubeClient
-from flotilla_operator.prometheus import RUNNING, SLOTS, WAITING, PrometheusClient
+from flotilla_operator.prometheus import (
+    RUNNING,
+    RUNNING_BY_CLASS,
+    SLOTS,
+    WAITING,
+    WAITING_BY_CLASS,
+    PrometheusClient,
+)
 from flotilla_operator.reconciler import Context
 from flotilla_operator.settings import OperatorSettings
 from prometheus_client import REGISTRY, CollectorRegistry, Gauge, start_http_server
@@ -31,12 +38,14 @@ log = logging.getLogger("test")
 
 
 class Replica:
-    """A fake server's three gauges, settable from the test."""
+    """A fake server's three gauges, and the batch class's share of waiting and running, settable from the test."""
 
     def __init__(self) -> None:
         registry = CollectorRegistry()
         self.gauges = {n: Gauge(n, n, ["model"], registry=registry).labels(model=MODEL) for n in (WAITING, RUNNING, SLOTS)}
         self.gauges[SLOTS].set(2)
+        self.batch = {n: Gauge(n, n, ["model", "class"], registry=registry).labels(MODEL, "batch")
+                      for n in (WAITING_BY_CLASS, RUNNING_BY_CLASS)}
         self.port = free_port()
         self.server, _ = start_http_server(self.port, addr="127.0.0.1", registry=registry)
 
@@ -107,8 +116,9 @@ def condition(obj: dict) -> dict:
     return next(c for c in obj["status"]["conditions"] if c["type"] == "ScalingActive")
 
 
-def settle(prom: RealPrometheus, waiting: float) -> None:
+def settle(prom: RealPrometheus, waiting: float, waiting_batch: float = 0) -> None:
     prom.wait_for(f'sum(flotilla_requests_waiting{{model="{MODEL}"}})', lambda v: v == waiting, timeout_s=10)
+    prom.wait_for(f'sum({WAITING_BY_CLASS}{{model="{MODEL}"}})', lambda v: v == waiting_batch, timeout_s=10)
 
 
 async def test_queue_scales_up_through_the_scale_subresource_and_records(fresh) -> None:
@@ -189,3 +199,27 @@ async def test_disabled_scaling_leaves_replicas_alone(fresh) -> None:
     obj = await tick(k8s, prom.url, time.time())
     assert obj["spec"]["replicas"] == 3 and "autoscaler" not in obj.get("status", {})
     assert (condition(obj)["status"], condition(obj)["reason"]) == ("False", "ScalingDisabled")
+
+
+@pytest.mark.parametrize(("weight", "replicas", "reason"), [
+    (None, 1, "Stable"),  # the default 0: batch work fills the one replica, never scales out
+    (1.0, 3, "ScaleUp"),  # counted in full: D = 12, T = 4
+])
+async def test_a_batch_flood_scales_out_only_by_its_weight(fresh, weight: float | None, replicas: int,
+                                                           reason: str) -> None:
+    k8s, prom, replica = fresh
+    k8s.create(model(1, **({} if weight is None else {"batchDemandWeight": weight})))
+    deployment(k8s, ready=1)
+    settings = ((replica.gauges[RUNNING], 2), (replica.gauges[WAITING], 10),  # all of it batch work
+                (replica.batch[RUNNING_BY_CLASS], 2), (replica.batch[WAITING_BY_CLASS], 10))
+    for gauge, value in settings:
+        gauge.set(value)
+    try:
+        settle(prom, 10, waiting_batch=10)
+        obj = await tick(k8s, prom.url, time.time())
+    finally:
+        for gauge, _ in settings:
+            gauge.set(0)
+    auto = obj["status"]["autoscaler"]
+    assert (obj["spec"]["replicas"], auto["lastReason"]) == (replicas, reason), auto["lastDecision"]
+    assert "Rb=2 Qb=10" in auto["lastDecision"] and auto["queueDepth"] == 10  # queueDepth: every waiting request

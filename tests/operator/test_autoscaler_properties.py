@@ -117,3 +117,32 @@ def test_slow_cold_start_does_not_cascade() -> None:
                        scale_down_stabilization_s=60)
     series = simulate(spec, lambda t: 24 + t // 5, 60, load_s=40)  # the queue grows while replicas load
     assert series[:8] == [3] * 8  # no step while the first three are still starting
+
+
+@st.composite
+def classed_metrics(draw: st.DrawFn) -> PoolMetrics:
+    """Totals and the batch class's share of them, as the flotilla_class_requests_* gauges report it."""
+    waiting_batch, running_batch = draw(st.integers(0, 400)), draw(st.integers(0, 100))
+    return PoolMetrics(waiting=waiting_batch + draw(st.integers(0, 100)), running=running_batch + draw(st.integers(0, 100)),
+                       slots_per_replica=draw(st.integers(1, 64)), replicas_reporting=draw(st.integers(1, 30)),
+                       waiting_batch=waiting_batch, running_batch=running_batch)
+
+
+@settings(max_examples=300, deadline=None)
+@given(spec=specs(), m=classed_metrics(), current=st.integers(1, 30), w=st.floats(0, 1), w2=st.floats(0, 1))
+def test_batch_weight_only_lowers_demand(spec: ScalingSpec, m: PoolMetrics, current: int, w: float, w2: float) -> None:
+    """A lower batchDemandWeight never recommends more; w=0 recommends what the interactive work alone
+    would (at least 1 while batch work remains); w=1 what the totals alone would, as before classes."""
+    def recommend(weight: float, metrics: PoolMetrics) -> int | None:
+        spec_w = ScalingSpec(**{**spec.__dict__, "batch_demand_weight": weight})
+        return a.decide(spec_w, Observation(metrics, current, current, 0, NOW), AutoscalerState()).recommendation
+
+    low, high = sorted((w, w2))
+    assert recommend(low, m) <= recommend(high, m)
+    interactive = PoolMetrics(m.waiting - m.waiting_batch, m.running - m.running_batch, m.slots_per_replica,
+                              m.replicas_reporting)
+    batch_only = interactive.waiting + interactive.running == 0 < m.waiting + m.running
+    one = min(max(1, a.floor_replicas(spec)), spec.max_replicas)  # batch work alone keeps one replica
+    assert recommend(0.0, m) == (one if batch_only else recommend(1.0, interactive))
+    totals = PoolMetrics(m.waiting, m.running, m.slots_per_replica, m.replicas_reporting)
+    assert recommend(1.0, m) == recommend(1.0, totals)

@@ -101,6 +101,24 @@ INVALID = [
      "spec.model.source.huggingface.file: '../x.gguf' does not match"),
     ("zero queue timeout", _with("server.queueTimeoutSeconds", 0),
      "spec.server.queueTimeoutSeconds: 0 is less than or equal to the minimum of 0"),
+    ("unknown request class", _with("server.classes.weights", {"bulk": 1}),
+     "spec.server.classes.weights: server.classes.weights may name only interactive and batch"),
+    ("zero class weight", _with("server.classes.weights", {"batch": 0}),
+     "spec.server.classes.weights.batch: 0 is less than or equal to the minimum of 0"),
+    ("reserve of every slot", _with("server", {"maxNumSeqs": 8, "classes": {"interactiveReserveSlots": 8}}),
+     "spec.server: server.classes.interactiveReserveSlots must be less than server.maxNumSeqs, or batch work never runs"),
+    ("negative reserve", _with("server.classes.interactiveReserveSlots", -1),
+     "spec.server.classes.interactiveReserveSlots: -1 is less than the minimum of 0"),
+    ("per-class timeout for an unknown class", _with("server.classes.queueTimeoutSeconds", {"bulk": 60}),
+     "spec.server.classes.queueTimeoutSeconds: server.classes.queueTimeoutSeconds may name only interactive and batch"),
+    ("zero per-class timeout", _with("server.classes.queueTimeoutSeconds", {"batch": 0}),
+     "spec.server.classes.queueTimeoutSeconds.batch: 0 is less than or equal to the minimum of 0"),
+    ("zero tenant weight", _with("server.classes.tenantWeights", {"team-a": 0}),
+     "spec.server.classes.tenantWeights.team-a: 0 is less than or equal to the minimum of 0"),
+    ("tenant cap of zero", _with("server.classes.tenantMaxQueued", 0),
+     "spec.server.classes.tenantMaxQueued: 0 is less than the minimum of 1"),
+    ("batch demand weight above 1", _with("scaling.batchDemandWeight", 1.5),
+     "spec.scaling.batchDemandWeight: 1.5 is greater than the maximum of 1"),
 ]
 
 
@@ -110,6 +128,38 @@ def test_invalid_spec_is_rejected_with_its_message(case, mutate, message):
     mutate(obj["spec"])
     _, errors = admit(crd_schema(), obj)
     assert any(message in error for error in errors), f"{case}: got {errors}"
+
+
+def test_every_class_field_is_optional_and_defaulted_from_the_contract():
+    from flotilla_contract import classes as c
+
+    stored, errors = admit(crd_schema(), _valid())
+    assert errors == []
+    assert stored["spec"]["server"]["classes"] == {
+        "weights": c.DEFAULT_CLASS_WEIGHTS, "batchMaxPreemptions": c.DEFAULT_BATCH_MAX_PREEMPTIONS,
+        "batchPrefillTokens": c.DEFAULT_BATCH_PREFILL_TOKENS}
+    assert stored["spec"]["scaling"]["batchDemandWeight"] == 0
+    parsed = types.parse_spec(stored["spec"])
+    assert parsed == types.parse_spec(_valid()["spec"])  # a spec stored before classes existed reads the same
+    assert parsed.server.classes.interactive_reserve_slots is None and parsed.server.classes.tenant_weights == {}
+
+
+def test_a_full_classes_spec_is_admitted():
+    obj = _valid()
+    obj["spec"]["server"] = {"maxNumSeqs": 16, "classes": {
+        "weights": {"interactive": 4, "batch": 1.5}, "interactiveReserveSlots": 15, "batchMaxPreemptions": 0,
+        "batchPrefillTokens": 128, "queueTimeoutSeconds": {"batch": 600}, "tenantWeights": {"team-a": 2, "b@x.io": 0.5},
+        "tenantMaxRunning": 4, "tenantMaxQueued": 32}}
+    obj["spec"]["scaling"] = {"batchDemandWeight": 0.25}
+    stored, errors = admit(crd_schema(), obj)
+    assert errors == []
+    assert types.parse_spec(stored["spec"]).server.classes.tenant_weights == {"team-a": 2, "b@x.io": 0.5}
+
+
+@pytest.mark.parametrize("name", ["a,b", "a=b", "team a", ""])
+def test_a_tenant_name_the_servers_lists_cannot_carry_is_refused_with_what_to_change(name):
+    with pytest.raises(ValueError, match="no commas, `=` or spaces"):
+        types.parse_spec({**_valid()["spec"], "server": {"classes": {"tenantWeights": {name: 1}}}})
 
 
 def test_cost_first_may_scale_to_zero():

@@ -195,6 +195,42 @@ def test_defaults_come_from_the_contract_flag_table():
     assert "--gpu-memory-utilization" not in args  # unset: the server's own default
 
 
+CLASS_FLAGS = ("--class-weights", "--interactive-reserve-slots", "--class-queue-timeout-s", "--batch-max-preemptions",
+               "--batch-prefill-tokens", "--tenant-weights", "--tenant-max-running", "--tenant-max-queued")
+
+
+def args_of(server: dict[str, Any]) -> list[str]:
+    spec = {"model": {"name": "m", "source": {"builtin": "tiny"}}, "server": server}
+    return container(children(owner_of({"metadata": {"name": "m", "namespace": "d"}, "spec": spec}))["Deployment"])["args"]
+
+
+@pytest.mark.parametrize("classes", [{}, {"weights": {"interactive": 8, "batch": 1}, "batchMaxPreemptions": 4,
+                                          "batchPrefillTokens": 64, "queueTimeoutSeconds": {}, "tenantWeights": {}}])
+def test_classes_at_their_defaults_render_no_flag(classes):
+    # the arguments of a spec that leaves classes alone are those rendered before classes existed:
+    # no rollout on an operator upgrade, and a pinned older server image meets no flag it does not know
+    assert not set(CLASS_FLAGS) & set(args_of({"classes": classes}))
+
+
+def test_classes_render_to_the_servers_flags_and_parse_back():
+    args = args_of({"maxNumSeqs": 16, "queueTimeoutSeconds": 20, "classes": {
+        "weights": {"batch": 2}, "interactiveReserveSlots": 0, "batchMaxPreemptions": 1, "batchPrefillTokens": 32,
+        "queueTimeoutSeconds": {"batch": 600, "interactive": 2.5}, "tenantWeights": {"team-b": 1, "team-a": 1234567.5},
+        "tenantMaxRunning": 4, "tenantMaxQueued": 8}})
+    assert flag(args, "--class-weights") == "interactive=8,batch=2"  # a class left out keeps its default
+    assert flag(args, "--interactive-reserve-slots") == "0"  # set to 0 (reserve off) is not unset
+    assert flag(args, "--class-queue-timeout-s") == "interactive=2.5,batch=600"  # classes in urgency order
+    assert flag(args, "--tenant-weights") == "team-a=1234567.5,team-b=1"  # sorted by name, no digit lost
+    assert (flag(args, "--batch-max-preemptions"), flag(args, "--batch-prefill-tokens")) == ("1", "32")
+    assert (flag(args, "--tenant-max-running"), flag(args, "--tenant-max-queued")) == ("4", "8")
+    settings = parse_settings(args, environ={})  # the server's own parser and checks
+    assert settings.class_weights == "interactive=8,batch=2" and settings.interactive_reserve_slots == 0
+    assert settings.class_queue_timeout_s == "interactive=2.5,batch=600"
+    assert (settings.batch_max_preemptions, settings.batch_prefill_tokens) == (1, 32)
+    assert settings.tenant_weight_map == {"team-a": 1234567.5, "team-b": 1}
+    assert (settings.tenant_max_running, settings.tenant_max_queued) == (4, 8)
+
+
 def test_spec_image_overrides_the_default_and_sets_the_version_label():
     obj = load_example(ROOT / "examples" / "tiny-cpu.yaml")
     obj["spec"]["image"] = "registry.example/flotilla-server:0.2.0-rc1"

@@ -150,6 +150,16 @@ def test_the_pool_servers_flags_parse_with_the_servers_own_parser_in_multi_model
     assert settings.memory_budget_bytes == 1024**3
 
 
+def test_pool_servers_get_the_classes_of_spec_server():
+    spec = pool_types.parse_pool_spec({"volume": {"claimName": "models"}, "memoryBudget": "1Gi",
+                                       "server": {"classes": {"weights": {"batch": 3}, "tenantMaxQueued": 16}}})
+    args = pool_server_args(spec)
+    assert args[args.index("--class-weights") + 1] == "interactive=8,batch=3"
+    settings = parse_settings(args, environ={})  # the multi-model server takes them (exits on a refused flag)
+    assert (settings.class_weights, settings.tenant_max_queued) == ("interactive=8,batch=3", 16)
+    assert "--class-weights" not in pool_server_args(POOL)  # defaults: nothing rendered
+
+
 def test_render_prints_the_pool_its_members_services_and_the_dedicated_model():
     from tests.operator.test_render import run_cli
 

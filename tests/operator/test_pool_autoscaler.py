@@ -96,3 +96,25 @@ def test_the_pool_never_goes_under_its_memory_floor_nor_over_its_ceiling(running
     decision = decide_pool(POOL, floor, observe(running, waiting, current, pending=pending), a.AutoscalerState())
     assert min(floor, POOL.max_replicas) <= decision.desired_replicas <= POOL.max_replicas
     assert decision.reason != REASON_MEMORY_FLOOR or decision.desired_replicas == min(floor, POOL.max_replicas)
+
+
+@pytest.mark.parametrize(("weight", "floor", "desired", "reason"), [
+    (0.0, 1, 1, a.REASON_STABLE),  # a batch flood on one member: the floor's one replica, no more
+    (0.0, 0, 1, a.REASON_STABLE),  # batch work alone still keeps a replica (never to zero under it)
+    (1.0, 1, 4, a.REASON_SCALE_UP),  # counted in full: ceil(80 / 8) = 10, clamped to 4
+])
+def test_pool_batch_demand_is_weighted(weight, floor, desired, reason):
+    metrics = a.PoolMetrics(waiting=76, running=4, slots_per_replica=4, replicas_reporting=1,
+                            waiting_batch=76, running_batch=4)
+    obs = a.Observation(metrics=metrics, current_replicas=1, ready_replicas=1, starting_replicas=0, now_s=NOW)
+    spec = a.ScalingSpec(**{**POOL.__dict__, "batch_demand_weight": weight})
+    decision = decide_pool(spec, floor, obs, a.AutoscalerState((a.Recommendation(NOW - 10, 1),)))
+    assert (decision.desired_replicas, decision.reason) == (desired, reason), decision.message
+
+
+def test_pool_scaling_spec_carries_the_batch_weight():
+    from flotilla_operator.handlers.pool_autoscale import scaling_spec
+
+    assert pool_types.parse_pool_spec({}).scaling.batch_demand_weight == 0
+    spec = pool_types.parse_pool_spec({"scaling": {"batchDemandWeight": 0.5}})
+    assert scaling_spec(spec).batch_demand_weight == 0.5

@@ -11,10 +11,12 @@ import logging
 from collections.abc import Iterator
 
 import pytest
+from flotilla_contract.classes import CLASS_REQUESTS_RUNNING, CLASS_REQUESTS_WAITING
 from flotilla_contract.metrics import GATEWAY_REQUESTS_HELD, REQUESTS_RUNNING, REQUESTS_WAITING, SLOTS
 from flotilla_operator import credentials, pool_types, rfc3339, types
 from flotilla_operator.handlers.pool_autoscale import autoscale_pool_once
 from flotilla_operator.kube import KubeClient
+from flotilla_operator.pool_prometheus import measure_pool
 from flotilla_operator.prometheus import PrometheusClient
 from flotilla_operator.reconciler import Context
 from flotilla_operator.settings import OperatorSettings
@@ -41,6 +43,8 @@ class PoolReplica:
             for name, gauge in self.gauges.items():
                 gauge.labels(model=model).set(2 if name == SLOTS else 0)
         self.held = Gauge(GATEWAY_REQUESTS_HELD, "held", ["model", "model_namespace"], registry=registry)
+        self.by_class = {name: Gauge(name, name, ["model", "class"], registry=registry)
+                         for name in (CLASS_REQUESTS_WAITING, CLASS_REQUESTS_RUNNING)}
         self.port = free_port()
         self.server, _ = start_http_server(self.port, addr="127.0.0.1", registry=registry)
 
@@ -125,3 +129,25 @@ async def test_held_requests_and_a_fresh_wake_keep_an_idle_pool_up(world, held: 
     obj = await tick(k8s, prom.url)
     assert (obj["spec"]["replicas"], obj["status"]["autoscaler"]["lastReason"]) == (replicas, reason), \
         obj["status"]["autoscaler"]["lastDecision"]
+
+
+
+async def test_the_pool_query_reads_the_batch_class_of_every_member(world) -> None:
+    """The batch share of waiting and running, summed over the pool's members; the weighing itself is
+    decide()'s (test_pool_autoscaler.py, test_autoscaler.py)."""
+    _, prom, replica = world
+    values = {(CLASS_REQUESTS_WAITING, "m1"): 300, (CLASS_REQUESTS_RUNNING, "m1"): 2, (CLASS_REQUESTS_WAITING, "m2"): 5}
+    for (name, model), value in values.items():
+        replica.by_class[name].labels(model=model, **{"class": "batch"}).set(value)
+    replica.by_class[CLASS_REQUESTS_WAITING].labels(model="m3", **{"class": "interactive"}).set(7)  # not batch
+    try:
+        prom.wait_for(f'sum({CLASS_REQUESTS_WAITING}{{pool="{POOL}"}})', lambda v: v == 312, timeout_s=10)
+        client = PrometheusClient(prom.url, timeout_s=2.0)
+        try:
+            demand = await measure_pool(client, NS, POOL, list(MEMBERS), 300)
+        finally:
+            await client.aclose()
+    finally:
+        for gauge in replica.by_class.values():
+            gauge.clear()
+    assert (demand.sample.waiting_batch, demand.sample.running_batch) == (305, 2)

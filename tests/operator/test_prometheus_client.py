@@ -17,12 +17,20 @@ from tests.support.prometheus import RealPrometheus, Target
 
 
 class Exporter:
-    """One fake replica: the three gauges flotilla-server exports, on its own port."""
+    """One fake replica: the three gauges flotilla-server exports, on its own port; with `by_class`
+    ({class: (waiting, running)}) also the class gauges of a server that knows request classes."""
 
-    def __init__(self, model: str, waiting: float, running: float, slots: float) -> None:
+    def __init__(self, model: str, waiting: float, running: float, slots: float,
+                 by_class: dict[str, tuple[float, float]] | None = None) -> None:
         self.registry = CollectorRegistry()
         for name, value in ((p.WAITING, waiting), (p.RUNNING, running), (p.SLOTS, slots)):
             Gauge(name, name, ["model"], registry=self.registry).labels(model=model).set(value)
+        if by_class is not None:
+            waiting_g = Gauge(p.WAITING_BY_CLASS, "w", ["model", "class"], registry=self.registry)
+            running_g = Gauge(p.RUNNING_BY_CLASS, "r", ["model", "class"], registry=self.registry)
+            for request_class, (w, r) in by_class.items():
+                waiting_g.labels(model=model, **{"class": request_class}).set(w)
+                running_g.labels(model=model, **{"class": request_class}).set(r)
         self.port = free_port()
         self.server, self.thread = start_http_server(self.port, addr="127.0.0.1", registry=self.registry)
 
@@ -45,7 +53,11 @@ class GatewayExporter(Exporter):
 
 @pytest.fixture(scope="module")
 def scraped() -> Iterator[tuple[RealPrometheus, list[Exporter]]]:
-    exporters = [Exporter("m", 5, 2, 2), Exporter("m", 3, 2, 2), Exporter("other", 9, 1, 2), Exporter("m", 7, 1, 2),
+    # m-0 knows request classes, m-1 is an older server without the class gauges; the batch work of
+    # `other` and of m in namespace `elsewhere` must not count
+    exporters = [Exporter("m", 5, 2, 2, {"interactive": (2, 1), "batch": (3, 1)}), Exporter("m", 3, 2, 2),
+                 Exporter("other", 9, 1, 2, {"interactive": (0, 0), "batch": (9, 1)}),
+                 Exporter("m", 7, 1, 2, {"interactive": (0, 0), "batch": (7, 1)}),
                  GatewayExporter({("ns", "m"): 2, ("elsewhere", "m"): 4}), GatewayExporter({("ns", "m"): 3})]
     try:
         with RealPrometheus() as prom:
@@ -71,7 +83,8 @@ async def test_pool_sums_one_model_in_one_namespace(scraped) -> None:
         sample = await client.pool("ns", "m")
     finally:
         await client.aclose()
-    assert sample == p.PoolSample(waiting=8, running=4, slots=4, replicas_reporting=2, held=5)  # held: both gateways
+    assert sample == p.PoolSample(waiting=8, running=4, slots=4, replicas_reporting=2, held=5,  # held: both gateways
+                                  waiting_batch=3, running_batch=1)  # batch: m-0's only
     assert sample.slots_per_replica == 2
 
 

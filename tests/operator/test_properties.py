@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import kubernetes_validate
+from flotilla_contract.classes import DEFAULT_CLASS_WEIGHTS
 from flotilla_operator import types
 from flotilla_operator.manifests import Owner, desired_children, desired_replicas
 from flotilla_server.cli import parse_settings
@@ -43,6 +44,21 @@ def specs(draw) -> dict:
             "drainTimeoutSeconds": draw(st.floats(0, 600).map(lambda x: round(x, 1))),
         },
     }
+    if draw(st.booleans()):  # request classes: any the CRD admits, the server must accept
+        positive = st.floats(0.01, 100).map(lambda x: round(x, 2))
+        classes = {"weights": draw(st.dictionaries(st.sampled_from(["interactive", "batch"]), positive, max_size=2)),
+                   "queueTimeoutSeconds": draw(st.dictionaries(st.sampled_from(["interactive", "batch"]), positive,
+                                                               max_size=2)),
+                   "tenantWeights": draw(st.dictionaries(st.from_regex(r"[a-z0-9][a-z0-9.@-]{0,12}", fullmatch=True),
+                                                         positive, max_size=3)),
+                   "batchMaxPreemptions": draw(st.integers(0, 100)), "batchPrefillTokens": draw(st.integers(0, 512))}
+        if draw(st.booleans()):
+            classes["interactiveReserveSlots"] = draw(st.integers(0, max_num_seqs - 1))
+        for cap in ("tenantMaxRunning", "tenantMaxQueued"):
+            if draw(st.booleans()):
+                classes[cap] = draw(st.integers(1, 64))
+        spec["server"]["classes"] = classes
+        spec["scaling"]["batchDemandWeight"] = draw(st.sampled_from([0, 0.5, 1]))
     if gpus and draw(st.booleans()):
         spec["resources"].update(gpuType="NVIDIA-L4", gpuMemory="24Gi")
         spec["server"]["kvCacheMemoryFraction"] = draw(st.sampled_from([0.1, 0.5, 0.9]))
@@ -72,3 +88,7 @@ def test_admitted_specs_build_valid_manifests_the_server_accepts(spec):
     server = parse_settings(pod["containers"][0]["args"], environ={})
     assert server.max_num_seqs == parsed.server.max_num_seqs and server.block_size == parsed.server.block_size
     assert server.device == ("cuda" if parsed.resources.gpus else "cpu")
+    classes = parsed.server.classes
+    assert server.class_weight_map == {**DEFAULT_CLASS_WEIGHTS, **classes.weights}
+    assert server.tenant_weight_map == classes.tenant_weights and server.class_timeouts_s == classes.queue_timeout_seconds
+    assert (server.tenant_max_running, server.tenant_max_queued) == (classes.tenant_max_running, classes.tenant_max_queued)

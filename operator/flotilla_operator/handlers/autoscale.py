@@ -46,7 +46,7 @@ def scaling_spec(spec: types.InferenceModelSpec) -> autoscaler.ScalingSpec:
         target_queue_depth=s.target_queue_depth,
         scale_up_stabilization_s=s.scale_up_stabilization_seconds,
         scale_down_stabilization_s=s.scale_down_stabilization_seconds,
-        scale_to_zero_after_s=s.scale_to_zero_after_seconds,
+        scale_to_zero_after_s=s.scale_to_zero_after_seconds, batch_demand_weight=s.batch_demand_weight,
     )
 
 
@@ -57,6 +57,7 @@ def pool_metrics(sample: PoolSample | None, spec: types.InferenceModelSpec) -> a
         waiting=sample.waiting, running=sample.running,
         slots_per_replica=sample.slots_per_replica or spec.server.max_num_seqs,  # no replica: the spec's slots
         replicas_reporting=sample.replicas_reporting,
+        waiting_batch=sample.waiting_batch, running_batch=sample.running_batch,
     )
 
 

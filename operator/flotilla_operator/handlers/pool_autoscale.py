@@ -53,6 +53,7 @@ def scaling_spec(spec: pool_types.ModelPoolSpec) -> autoscaler.ScalingSpec:
         min_replicas=s.min_replicas, max_replicas=s.max_replicas, policy=spec.placement.policy,
         target_queue_depth=s.target_queue_depth, scale_up_stabilization_s=s.scale_up_stabilization_seconds,
         scale_down_stabilization_s=s.scale_down_stabilization_seconds, scale_to_zero_after_s=s.scale_to_zero_after_seconds,
+        batch_demand_weight=s.batch_demand_weight,
     )
 
 
@@ -102,7 +103,8 @@ async def _decide_and_apply(ctx: Context, namespace: str, name: str, demand: Poo
     pool_metrics = None if demand is None else autoscaler.PoolMetrics(
         waiting=demand.sample.waiting, running=demand.sample.running,
         slots_per_replica=demand.sample.slots_per_replica or spec.server.max_num_seqs,
-        replicas_reporting=demand.sample.replicas_reporting)
+        replicas_reporting=demand.sample.replicas_reporting,
+        waiting_batch=demand.sample.waiting_batch, running_batch=demand.sample.running_batch)
     observation = autoscaler.Observation(
         metrics=pool_metrics, current_replicas=current, ready_replicas=ready,
         starting_replicas=starting_replicas(current, deployment), now_s=now_s,

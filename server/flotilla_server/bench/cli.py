@@ -22,6 +22,9 @@ COMMANDS = {
               "where a decode step's time goes (schedule, inputs, forward parts, sampling, detokenization) "
               "at batch 1, 8 and 64"),
     "modes": ("flotilla_server.bench.engine_modes", "the engine in its own process against on a thread, over HTTP"),
+    "priorities": ("flotilla_server.bench.priorities",
+                   "request classes and tenant caps under load: interactive chat beside a batch flood, batch "
+                   "throughput and weighted share, one tenant flooding beside another"),
 }
 DESCRIPTION = ("Benchmarks of flotilla-server: `offline` drives the engine directly, `online` any "
                "OpenAI-compatible server over HTTP. Figures and how they were recorded: docs/benchmarks.md.")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flotilla_contract.classes import DEFAULT_BATCH_MAX_PREEMPTIONS, DEFAULT_BATCH_PREFILL_TOKENS
 from flotilla_contract.flags import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -33,6 +34,11 @@ class EngineConfig:
     device: str = "cpu"
     seed: int | None = None  # unseeded requests' sampling seed; None: a random one per process
     enable_prefix_caching: bool = True  # reuse the KV blocks of prompts' common prefixes
+    # request classes (engine/class_rules.py)
+    interactive_reserve_slots: int = 0  # slots batch work never takes
+    batch_max_preemptions: int = DEFAULT_BATCH_MAX_PREEMPTIONS  # slot preemptions of one batch request
+    batch_prefill_tokens: int = DEFAULT_BATCH_PREFILL_TOKENS  # batch prefill per step while interactive waits
+    batch_share_slots: int = 0  # slots batch work keeps against interactive arrivals (its weighted share)
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -47,6 +53,12 @@ class EngineConfig:
                 f"(got {self.max_num_batched_tokens}, prefill_chunk={self.prefill_chunk}, "
                 f"max_num_seqs={self.max_num_seqs})"
             )
+        if not 0 <= self.interactive_reserve_slots < self.max_num_seqs:
+            raise ValueError(f"interactive_reserve_slots must be in 0..max_num_seqs - 1 (batch work needs a slot), "
+                             f"got {self.interactive_reserve_slots} with max_num_seqs={self.max_num_seqs}")
+        if min(self.batch_max_preemptions, self.batch_prefill_tokens, self.batch_share_slots) < 0:
+            raise ValueError("batch_max_preemptions, batch_prefill_tokens and batch_share_slots must be >= 0, got "
+                             f"{self.batch_max_preemptions}, {self.batch_prefill_tokens}, {self.batch_share_slots}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from flotilla_server.engine.class_rules import ClassRules
 from flotilla_server.engine.config import EngineConfig
 from flotilla_server.engine.detokenizer import IncrementalDetokenizer
 from flotilla_server.engine.kv_pool import BlockPool
@@ -68,8 +69,11 @@ class EngineCore:
                 "or num_kv_blocks"
             ) from error
         self.eos_token_ids = frozenset(self.loaded.tokenizer.eos_token_ids) | frozenset(mc.eos_token_ids)
+        rules = ClassRules(config.interactive_reserve_slots, config.batch_max_preemptions, config.batch_prefill_tokens,
+                           config.batch_share_slots)
         self.scheduler = Scheduler(
-            self.pool, config.max_num_seqs, config.max_num_batched_tokens, config.prefill_chunk, self.eos_token_ids
+            self.pool, config.max_num_seqs, config.max_num_batched_tokens, config.prefill_chunk, self.eos_token_ids,
+            rules=rules,
         )
         self.runner = ModelRunner(self.loaded.model, kv, config.device, config.seed)
         self._detokenizers: dict[str, dict[int, IncrementalDetokenizer]] = {}  # request id -> choice -> its own
@@ -218,7 +222,11 @@ class EngineCore:
         now = time.monotonic()
         if now - self._resident_keys_at >= PREFIX_KEYS_REFRESH_S:
             self._resident_keys, self._resident_keys_at = self.scheduler.prefix_keys.resident(self.pool.holds), now
+        waiting_by_class, running_by_class = self.scheduler.count_by_class()
         return EngineStats(
+            waiting_by_class=waiting_by_class,
+            running_by_class=running_by_class,
+            preemptions_by_class=dict(self.scheduler.preemptions_by_class),
             num_waiting=len(self.scheduler.waiting),
             num_running=self.scheduler.num_slots_used,
             num_slots=self.scheduler.max_num_seqs,

@@ -5,22 +5,24 @@ pipe; in the in-process mode (engine/backends.py) from a queue, on a thread. Eit
 applied only between steps, never between a step's plan and its execution: an abort can no longer free
 the blocks a forward pass is about to read (docs/architecture.md, "Engine").
 
-The admission queue lives here, next to the state it decides on: waiters are admitted in ticket order
-with bounded overtaking (engine/admission_policy.py), whenever a turn may have freed capacity. Its bound
-and each waiter's wait budget are kept by the HTTP side, which answers 429 without asking the engine.
+The admission queue lives here, next to the state it decides on: waiters are admitted by weighted fair
+queuing between classes and tenants, by priority and ticket within them, with bounded overtaking
+(engine/fair_admission.py), whenever a turn may have freed capacity. Its bound and each waiter's wait
+budget are kept by the HTTP side, which answers 429 without asking the engine.
 """
 
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from flotilla_server.engine.admission_policy import AdmissionPolicy
+from flotilla_contract.classes import INTERACTIVE
+
 from flotilla_server.engine.config import EngineConfig
 from flotilla_server.engine.core import EngineCore
+from flotilla_server.engine.fair_admission import FairAdmissionPolicy, FairnessConfig
 from flotilla_server.engine.messages import (
     AbortRequest,
     AddRequest,
@@ -56,7 +58,10 @@ class EngineLoop:
         self.options = options
         max_overtakes = core.config.max_num_seqs if options.max_overtakes is None else options.max_overtakes
         # unbounded here: the HTTP side bounds the queue (an exact count, and 429 without a round trip)
-        self._policy: AdmissionPolicy[_Waiter] = AdmissionPolicy(depth=sys.maxsize, max_overtakes=max_overtakes)
+        self._policy: FairAdmissionPolicy[_Waiter] = FairAdmissionPolicy(FairnessConfig(
+            class_weights=dict(options.class_weights), tenant_weights=dict(options.tenant_weights), tenant_max_running=options.tenant_max_running,
+            tenant_fairness=options.tenant_fairness, max_overtakes=max_overtakes,
+        ))
         self._waiting: dict[str, _Waiter] = {}
         self._refused: list[tuple[str, str]] = []
         self._dirty = False  # state changed since the last update (an abort, an arrival)
@@ -86,18 +91,28 @@ class EngineLoop:
                         if (w := self.core.check_feasible(len(p), message.params.max_tokens, message.params.n))), None)
             if why is None and rid in self._waiting:
                 why = f"request id {rid!r} is already in use"
+            if why is None and message.params.is_batch:
+                why = self._batch_infeasible(message.params.n)
             if why is not None:
                 self._refused.append((rid, why))
                 return
-            waiter = _Waiter(message)
+            waiter, p = _Waiter(message), message.params
             self._waiting[rid] = waiter
-            self._policy.push(waiter)
+            self._policy.push(waiter, request_class=p.request_class, tenant=p.tenant, priority=p.priority,
+                              num_slots=p.n)
         elif isinstance(message, AbortRequest):
             waiter = self._waiting.pop(message.request_id, None)
             if waiter is not None:
                 self._policy.remove(waiter)
             else:
                 self.core.abort(message.request_id)
+
+    def _batch_infeasible(self, n: int) -> str | None:
+        slots, reserve = self.core.config.max_num_seqs, self.core.config.interactive_reserve_slots
+        if n <= slots - reserve:
+            return None
+        return (f"n is {n}, but batch requests hold at most {slots - reserve} slots ({reserve} of the {slots} are "
+                f"kept for interactive work, --interactive-reserve-slots): lower n or send the request as interactive")
 
     def _try_admit(self, waiter: _Waiter) -> bool:
         r = waiter.request
@@ -118,7 +133,13 @@ class EngineLoop:
 
     def turn(self, wait_for_message: Callable[[float], bool]) -> EngineUpdate | None:
         """Admit whoever fits, run one step if anything runs; None if nothing changed."""
-        taken = [w.request.request_id for w in self._policy.admit_round(self._try_admit)]
+        scheduler = self.core.scheduler
+        free_slots = scheduler.max_num_seqs - scheduler.num_slots_used
+        running_by_tenant = scheduler.requests_by_tenant() if self.options.tenant_fairness else {}
+        batch_slots = scheduler.rules.batch_room(scheduler.running, scheduler.max_num_seqs)
+        taken = [w.request.request_id for w in self._policy.admit_round(
+            self._try_admit, free_slots=free_slots, running_by_tenant=running_by_tenant, batch_slots=batch_slots)]
+        scheduler.interactive_waiting = self._policy.has_waiting(INTERACTIVE)
         refused = {rid for rid, _ in self._refused}
         admitted = [rid for rid in taken if rid not in refused]
         outputs = []

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from flotilla_contract.classes import DEFAULT_CLASS_WEIGHTS
+
 from flotilla_server.engine.outputs import EngineStats, RequestOutput, StepRecord
 from flotilla_server.engine.sampling_params import SamplingParams
 
@@ -58,6 +60,11 @@ class EngineOptions:
     load_nice: int = 0
     load_threads: int | None = None
     log_level: str = "info"
+    # the admission order between classes and tenants (engine/fair_admission.py); pairs, so they pickle
+    class_weights: tuple[tuple[str, float], ...] = tuple(DEFAULT_CLASS_WEIGHTS.items())
+    tenant_weights: tuple[tuple[str, float], ...] = ()
+    tenant_max_running: int | None = None
+    tenant_fairness: bool = False  # on when tenant weights or caps are configured; else FIFO within a class
     step_hook: StepHook | None = None  # tests only
 
 

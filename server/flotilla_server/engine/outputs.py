@@ -73,6 +73,10 @@ class EngineStats:
     deferrals: dict[str, int] = field(default_factory=dict)  # refused admissions by reason, since start
     last_step_duration_s: float = 0.0
     prefix_keys: tuple[str, ...] = ()  # gateway prefix keys the prefix cache holds (engine/prefix_keys.py)
+    # by request class (every class a key): sequences queued inside the engine, holding slots, preempted
+    waiting_by_class: dict[str, int] = field(default_factory=dict)
+    running_by_class: dict[str, int] = field(default_factory=dict)
+    preemptions_by_class: dict[str, int] = field(default_factory=dict)
 
 
 StepListener = Callable[[StepRecord], None]  # told of every step, on the engine thread

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from flotilla_contract.classes import BATCH, DEFAULT_REQUEST_CLASS, NO_TENANT, REQUEST_CLASSES
+
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default when a request names none
 MAX_LOGPROBS = 20  # most alternatives per token (OpenAI's top_logprobs bound; vLLM's default max_logprobs)
 MAX_N = 128  # most choices per prompt (OpenAI's bound on n)
@@ -31,6 +33,11 @@ class SamplingParams:
     n: int = 1  # choices per prompt: forks of one prefill that share the prompt's blocks
     logprobs: int | None = None  # None: none; k: each sampled token's raw logprob and the k likeliest (0..20)
     prefix_key: str | None = None  # the gateway's name for the prompt's prefix (engine/prefix_keys.py)
+    # who waits for it (docs/serving.md, "Priorities and tenants"): its class, its tenant, and vLLM's
+    # `priority` within them (lower is more urgent)
+    request_class: str = DEFAULT_REQUEST_CLASS
+    tenant: str = NO_TENANT
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -56,12 +63,18 @@ class SamplingParams:
             raise ValueError(f"n must be in [1, {MAX_N}], got {self.n}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.request_class not in REQUEST_CLASSES:
+            raise ValueError(f"the request class must be one of {', '.join(REQUEST_CLASSES)}, got {self.request_class!r}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
 
     @property
     def has_penalties(self) -> bool:
         return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    @property
+    def is_batch(self) -> bool:
+        return self.request_class == BATCH
 
     @property
     def greedy(self) -> bool:

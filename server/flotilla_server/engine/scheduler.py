@@ -16,9 +16,13 @@ it out and hands the sampled tokens back to `update`. Rules (docs/architecture.m
   prefills; its first sampled row is sampled once per choice, and each other choice then forks from it:
   it shares the leader's full prompt blocks (ref_count + 1) and computes only the prompt's partial last
   block and its own first token. A request's other prompts wait in the queue behind its first.
-- Blocks are taken on demand. When the pool is dry, the most recently admitted sequence is
-  preempted by recompute and goes back to the head of the queue with its ticket. Sequences are
+- Blocks are taken on demand. When the pool is dry, the most recently admitted sequence of the least
+  urgent class is preempted by recompute and goes back to the queue in ticket order. Sequences are
   served oldest first, so the oldest always progresses: no deadlock.
+- Classes (engine/class_rules.py): batch work never takes the interactive reserve of slots, gives its slot
+  to an interactive arrival (a bounded number of times), takes little prefill while interactive work waits,
+  and sits out the decode of a step that prefills interactive work (never two steps in a row). Preempted
+  batch sequences never hold back interactive arrivals.
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ import itertools
 from collections import Counter, deque
 from collections.abc import Collection
 
+from flotilla_contract.classes import REQUEST_CLASSES
+
 from flotilla_server.engine.block_hash import extend_hashes
+from flotilla_server.engine.class_rules import ClassRules, lean_step_skips, pool_victim, slot_victim
 from flotilla_server.engine.feasibility import infeasible_reason  # noqa: F401 (the scheduler's rule, re-exported)
 from flotilla_server.engine.kv_pool import BlockPool
 from flotilla_server.engine.prefix_keys import PrefixKeyIndex
@@ -47,6 +54,7 @@ class Scheduler:
         prefill_chunk: int,
         eos_token_ids: Collection[int] = (),
         reserve_blocks: int | None = None,
+        rules: ClassRules | None = None,
     ) -> None:
         if max_num_batched_tokens < max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs so every decode fits a step")
@@ -64,6 +72,10 @@ class Scheduler:
         self.prefix_cache_hits = 0  # of those, tokens found in the cache
         self.deferrals: Counter[str] = Counter({r: 0 for r in DEFERRAL_REASONS})
         self.prefix_keys = PrefixKeyIndex()
+        self.rules = rules or ClassRules()
+        self.interactive_waiting = False  # set by the engine loop: interactive requests wait in its queue
+        self.preemptions_by_class: Counter[str] = Counter({c: 0 for c in REQUEST_CLASSES})
+        self._lean_last_step = False  # the last step left batch decode rows out
         self._tickets = itertools.count()
         self._by_id: dict[str, list[Sequence]] = {}  # a request's unfinished sequences, forks included
 
@@ -97,6 +109,8 @@ class Scheduler:
         return None
 
     def _admission_block_for(self, seq: Sequence) -> str | None:
+        if not self.rules.fits_class_slots(seq, self.running, self.max_num_seqs):
+            return "no_slot"
         hit = self._cache_hit(seq)
         return self.admission_block(seq.num_tokens, len(hit) - self.pool.num_free_in(hit), seq.num_seqs)
 
@@ -113,10 +127,16 @@ class Scheduler:
     def try_admit(self, seq: Sequence, rest: Collection[Sequence] = ()) -> str | None:
         """Admit a new request at once if its first leader fits (the HTTP path), queueing the leaders of its
         other prompts (`rest`); else count and return why not."""
-        if self.waiting:  # preempted sequences go first; arrivals never overtake them
-            reason = "no_slot" if self.num_slots_used + seq.num_seqs > self.max_num_seqs else "no_blocks"
+        if any(not (w.params.is_batch and not seq.params.is_batch) for w in self.waiting):
+            # preempted sequences of its class, or of a more urgent one, go first: it never overtakes them
+            full = self.num_slots_used + seq.num_seqs > self.max_num_seqs
+            reason = "no_slot" if full or not self.rules.fits_class_slots(seq, self.running, self.max_num_seqs) \
+                else "no_blocks"
         else:
             reason = self._admission_block_for(seq)
+            while reason == "no_slot" and not seq.params.is_batch and (victim := slot_victim(self.running, self.rules)):
+                self._preempt(victim)  # an interactive arrival takes the newest batch sequence's slot
+                reason = self._admission_block_for(seq)
         if reason is not None:
             self.deferrals[reason] += 1
             return reason
@@ -171,30 +191,56 @@ class Scheduler:
 
     # --- a step ---------------------------------------------------------------------------------
 
-    def schedule(self) -> StepPlan:
-        while self.waiting and self._admission_block_for(self.waiting[0]) is None:
-            self._start(self.waiting.popleft())
+    def _readmit(self) -> None:
+        """Start queued sequences in ticket order while they fit; a batch one that does not fit holds back
+        only the batch ones behind it."""
+        batch_blocked = False
+        for seq in list(self.waiting):
+            if seq.params.is_batch and batch_blocked:
+                continue
+            if self._admission_block_for(seq) is None:
+                self.waiting.remove(seq)
+                self._start(seq)
+            elif seq.params.is_batch:
+                batch_blocked = True
+            else:
+                break
 
+    def schedule(self) -> StepPlan:
+        self._readmit()
         plan = StepPlan()
         decodes: list[ScheduledChunk] = []
         prefill_budget = self.max_num_batched_tokens - sum(1 for s in self.running if not s.is_prefill)
+        interactive_prefill = any(s.is_prefill and not s.params.is_batch for s in self.running)
+        urgent = interactive_prefill or self.interactive_waiting or any(not w.params.is_batch for w in self.waiting)
+        batch_prefill_budget = self.rules.batch_prefill_tokens if urgent else prefill_budget
+        skips = lean_step_skips(self.running, self.rules) if interactive_prefill and not self._lean_last_step else set()
+        self._lean_last_step = False
         i = 0
         while i < len(self.running):
             seq = self.running[i]
             prefill = seq.is_prefill
-            n = min(seq.num_uncomputed_tokens, self.prefill_chunk, prefill_budget) if prefill else 1
-            if n == 0:  # no budget left this step: it waits, it is not evicted
+            budget = min(prefill_budget, batch_prefill_budget) if seq.params.is_batch else prefill_budget
+            n = min(seq.num_uncomputed_tokens, self.prefill_chunk, budget) if prefill else 1
+            if n == 0 or (not prefill and id(seq) in skips):  # it waits a step, it is not evicted
+                self._lean_last_step |= n > 0
                 i += 1
                 continue
             target = seq.num_computed_tokens + n
             while not self.pool.can_grow(seq, target):
-                victim = self.running[-1]  # index >= i: never a sequence already in the plan
+                victim = pool_victim(self.running)
+                at = self.running.index(victim)
+                if at < i:  # a batch sequence already planned: its chunk leaves the plan, its tokens return
+                    returned = self._unplan(plan, decodes, victim)
+                    prefill_budget += returned
+                    batch_prefill_budget += returned
+                    i -= 1
                 self._preempt(victim)
                 plan.preempted.append(victim)
                 if victim is seq:
                     break
             if seq.status is not SequenceStatus.RUNNING:
-                break  # it was the last running sequence
+                continue  # it preempted itself: running[i] is the next sequence now
             self.pool.grow(seq, target)
             sample = target == seq.num_tokens
             chunk = ScheduledChunk(seq, seq.num_computed_tokens, n, sample, tuple(seq.forks) if sample else ())
@@ -202,12 +248,29 @@ class Scheduler:
                 plan.chunks.append(chunk)
                 plan.num_prefill_tokens += n
                 prefill_budget -= n
+                if seq.params.is_batch:
+                    batch_prefill_budget -= n
             else:
                 decodes.append(chunk)
             i += 1
         plan.chunks.extend(decodes)
         plan.num_decode_seqs = len(decodes)
         return plan
+
+    @staticmethod
+    def _unplan(plan: StepPlan, decodes: list[ScheduledChunk], seq: Sequence) -> int:
+        """Take `seq`'s chunk, if any (it may have sat the step out), out of a plan being built; returns its
+        prefill tokens (0 for a decode row)."""
+        for chunk in decodes:
+            if chunk.seq is seq:
+                decodes.remove(chunk)
+                return 0
+        chunk = next((c for c in plan.chunks if c.seq is seq), None)
+        if chunk is None:
+            return 0
+        plan.chunks.remove(chunk)
+        plan.num_prefill_tokens -= chunk.num_tokens
+        return chunk.num_tokens
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
@@ -216,6 +279,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.preemptions += 1
+        self.preemptions_by_class[seq.params.request_class] += 1
         j = 0
         while j < len(self.waiting) and self.waiting[j].ticket < seq.ticket:
             j += 1
@@ -300,6 +364,19 @@ class Scheduler:
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
+
+    def requests_by_tenant(self) -> Counter[str]:
+        """Unfinished requests (admitted, running or preempted) per tenant."""
+        return Counter(group[0].params.tenant for group in self._by_id.values())
+
+    def count_by_class(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(waiting, running) sequences by class, every class included."""
+        waiting, running = dict.fromkeys(REQUEST_CLASSES, 0), dict.fromkeys(REQUEST_CLASSES, 0)
+        for s in self.waiting:
+            waiting[s.params.request_class] += s.num_seqs
+        for s in self.running:
+            running[s.params.request_class] += s.num_seqs
+        return waiting, running
 
     def kv_positions(self) -> tuple[int, int]:
         """(positions holding tokens, positions allocated) over running sequences."""

@@ -11,6 +11,7 @@ import logging
 import time
 
 from flotilla_server.engine.client import TokenEvent
+from flotilla_server.engine.sampling_params import SamplingParams
 from flotilla_server.http.refusals import CLIENT_GONE
 from flotilla_server.http.state import ServerState
 
@@ -63,8 +64,10 @@ class Timing:
 
     TTFT is the request's first token, of any choice; inter-token latency is measured within each choice."""
 
-    def __init__(self, state: ServerState, arrival_s: float, num_prompt_tokens: int) -> None:
+    def __init__(self, state: ServerState, arrival_s: float, num_prompt_tokens: int,
+                 params: SamplingParams | None = None) -> None:
         self.m = state.metrics
+        self.params = params  # its class and tenant label the per-class TTFT
         self.arrival_s = arrival_s
         self.num_prompt_tokens = num_prompt_tokens  # of every prompt
         self.first = True
@@ -81,6 +84,8 @@ class Timing:
         now = time.monotonic()
         if self.first:
             self.m.ttft.labels(self.m.model).observe(now - self.arrival_s)
+            if self.params is not None:
+                self.m.classes.observe_ttft(self.params, now - self.arrival_s)
             self.first = False
         elif event.index in self.last_s:
             self.m.itl.labels(self.m.model).observe(now - self.last_s[event.index])

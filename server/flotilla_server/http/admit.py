@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi import Request
 
 from flotilla_server.engine.client import RequestStream
-from flotilla_server.http.admission import ClientGone, QueueFull, QueueTimeout
+from flotilla_server.http.admission import ClientGone, QueueFull, QueueTimeout, TenantLimit
 from flotilla_server.http.errors import APIError
 from flotilla_server.http.job import Job
 from flotilla_server.http.refusals import (
@@ -20,6 +20,7 @@ from flotilla_server.http.refusals import (
     queue_full_message,
     queue_timeout_message,
     retry_after_s,
+    tenant_limit_message,
 )
 from flotilla_server.http.shedder import DOOR_TICKET
 from flotilla_server.http.state import ServerState
@@ -36,22 +37,30 @@ async def admit(request: Request, state: ServerState, job: Job) -> tuple[Request
     if why is not None:
         m.count_rejection("infeasible")
         raise APIError(400, infeasible_message(why), param="max_tokens", code="context_length_exceeded")
-    retry_s = retry_after_s(state.admission.queue_timeout_s)
+    params, queue = job.params, state.admission
+    timeout_s = queue.timeout_s(params.request_class)
+    retry_s = retry_after_s(timeout_s)
     retry = {"Retry-After": str(retry_s)}
     ticket = request.scope.get(DOOR_TICKET)
+
+    def refused(reason: str) -> None:
+        m.count_rejection(reason)
+        m.classes.count_rejection(params, reason)
+
     try:
-        return await state.admission.admit(job.request_id, job.prompts[0], job.params,
-                                           lambda: wait_for_disconnect(request),
-                                           on_queued=ticket.release if ticket is not None else None,
-                                           extra_prompts=job.prompts[1:])
+        return await queue.admit(job.request_id, job.prompts[0], params, lambda: wait_for_disconnect(request),
+                                 on_queued=ticket.release if ticket is not None else None,
+                                 extra_prompts=job.prompts[1:])
     except QueueFull:
-        m.count_rejection("queue_full")
-        raise APIError(429, queue_full_message(state.admission.depth, retry_s),
-                       code="queue_full", headers=retry) from None
+        refused("queue_full")
+        raise APIError(429, queue_full_message(queue.depth, retry_s), code="queue_full", headers=retry) from None
+    except TenantLimit:
+        refused("tenant_limit")
+        raise APIError(429, tenant_limit_message(params.tenant, queue.tenant_max_queued or 0, retry_s),
+                       code="tenant_limit", headers=retry) from None
     except QueueTimeout:
-        m.count_rejection("queue_timeout")
-        raise APIError(429, queue_timeout_message(state.admission.queue_timeout_s, retry_s),
-                       code="queue_timeout", headers=retry) from None
+        refused("queue_timeout")
+        raise APIError(429, queue_timeout_message(timeout_s, retry_s), code="queue_timeout", headers=retry) from None
     except ClientGone:
-        m.count_rejection("client_gone")
+        refused("client_gone")
         raise APIError(CLIENT_GONE, "Client closed the request.", code="client_gone") from None

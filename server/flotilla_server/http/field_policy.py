@@ -10,7 +10,8 @@ that ignored a field that would have changed it:
   field carrying its neutral value (`tools: []`, `best_of: 1`, ...) changes nothing, so it is
   accepted like an ignored one: many clients send those defaults on every request.
 
-Our own fields (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `cache_salt`) are listed apart. Any other field gets a 400 naming it.
+Our own fields (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `cache_salt`, `priority`,
+`flotilla_class`) are listed apart. Any other field gets a 400 naming it.
 A test walks the SDK's types, so a field a newer SDK adds fails it until someone classifies it here.
 """
 
@@ -31,7 +32,8 @@ SUPPORTED = {
     "completions": SUPPORTED_COMMON | {"prompt", "echo"},
     "chat": SUPPORTED_COMMON | {"messages", "max_completion_tokens", "top_logprobs"},
 }
-OURS = frozenset({"top_k", "min_p", "repetition_penalty", "ignore_eos", "cache_salt"})  # beyond OpenAI's API, as vLLM names them
+# beyond OpenAI's API: vLLM's names, and the request class (docs/serving.md, "Priorities and tenants")
+OURS = frozenset({"top_k", "min_p", "repetition_penalty", "ignore_eos", "cache_salt", "priority", "flotilla_class"})
 
 # accepted and dropped: routing hints, storage and billing options of OpenAI's own platform
 IGNORED = {

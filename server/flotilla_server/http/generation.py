@@ -32,6 +32,7 @@ async def generate(request: Request, state: ServerState, job: Job) -> Response:
         raise
     m = state.metrics
     m.queue_wait.labels(m.model).observe(waited_s)
+    m.classes.observe_queue_wait(job.params, waited_s)
     outcome = Outcome(state, job.request_id)
     if job.stream:
         return GuardedStream(sse_body(state, job, stream, outcome, arrival_s), outcome.close)

@@ -9,12 +9,15 @@ ours so its endpoint picker, vLLM dashboards and KEDA recipes work unchanged.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from flotilla_contract import classes
 from flotilla_contract import metrics as names
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from flotilla_server.http.class_metrics import ClassMetrics
 
 disable_created_metrics()  # `*_created` series double the exposition and no dashboard or alert reads them
 
@@ -40,6 +43,10 @@ class StateSnapshot:
     kv_blocks_cached: int = 0  # free blocks still holding a reusable prefix
     prefix_cache_queries: int = 0  # tokens, cumulative
     prefix_cache_hits: int = 0  # tokens, cumulative
+    # by request class, every class a key: waiting (queue plus engine), running, preemptions (cumulative)
+    waiting_by_class: dict[str, int] = field(default_factory=dict)
+    running_by_class: dict[str, int] = field(default_factory=dict)
+    preemptions_by_class: dict[str, int] = field(default_factory=dict)
 
 
 class _StateCollector(Collector):
@@ -84,6 +91,16 @@ class _StateCollector(Collector):
             c = CounterMetricFamily(name, doc, labels=[names.MODEL_LABEL])
             c.add_metric([self._model], value)
             yield c
+        by_class = [names.MODEL_LABEL, classes.CLASS_LABEL]
+        waiting = GaugeMetricFamily(classes.CLASS_REQUESTS_WAITING, "Requests waiting, by class.", labels=by_class)
+        running = GaugeMetricFamily(classes.CLASS_REQUESTS_RUNNING, "Sequences holding a slot, by class.",
+                                    labels=by_class)
+        preempted = CounterMetricFamily(classes.CLASS_PREEMPTIONS, "Sequences preempted, by class.", labels=by_class)
+        for request_class in classes.REQUEST_CLASSES:
+            waiting.add_metric([self._model, request_class], s.waiting_by_class.get(request_class, 0))
+            running.add_metric([self._model, request_class], s.running_by_class.get(request_class, 0))
+            preempted.add_metric([self._model, request_class], s.preemptions_by_class.get(request_class, 0))
+        yield from (waiting, running, preempted)
 
 
 class ServerMetrics:
@@ -113,6 +130,7 @@ class ServerMetrics:
                                        [names.MODEL_LABEL], buckets=_STEP_BUCKETS_S, registry=r)
         self.step_tokens = Histogram("flotilla_step_tokens", "Tokens computed in one engine step.",
                                      [names.MODEL_LABEL], buckets=_STEP_TOKEN_BUCKETS, registry=r)
+        self.classes = ClassMetrics(r, model)
         r.register(_StateCollector(model, snapshot))
         for reason in REJECTION_REASONS:  # every reason has a series from the start, at 0
             self.rejections.labels(model, reason)

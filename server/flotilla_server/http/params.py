@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 
 from fastapi import Request
+from flotilla_contract.classes import CLASS_FIELD, DEFAULT_REQUEST_CLASS, NO_TENANT, REQUEST_CLASSES
+from flotilla_contract.labels import CLASS_HEADER, TENANT_HEADER
 from flotilla_contract.load import PREFIX_KEY_HEADER, PREFIX_KEY_MAX_CHARS
 
 from flotilla_server.engine.sampling_params import DEFAULT_MAX_TOKENS, MAX_LOGPROBS, SamplingParams
@@ -31,6 +33,31 @@ def prefix_key(request: Request) -> str | None:
     return sent
 
 
+MAX_TENANT_CHARS = 256
+
+
+def request_class(request: Request, body: _SamplingFields) -> str:
+    """The header, else the body field, else interactive."""
+    sent = request.headers.get(CLASS_HEADER)
+    if sent is None:
+        return body.flotilla_class or DEFAULT_REQUEST_CLASS
+    if sent.strip().lower() not in REQUEST_CLASSES:
+        raise APIError(400, f"The {CLASS_HEADER} header is {sent!r}: send one of {', '.join(REQUEST_CLASSES)} "
+                            f"(or the {CLASS_FIELD} field), or drop it for {DEFAULT_REQUEST_CLASS}.",
+                       param=CLASS_HEADER)
+    return sent.strip().lower()
+
+
+def tenant(request: Request, body: _SamplingFields) -> str:
+    """The header (a gateway sets it from the API key), else the OpenAI `user` field, else none."""
+    sent = request.headers.get(TENANT_HEADER)
+    name, param = (sent, TENANT_HEADER) if sent is not None else (body.user or NO_TENANT, "user")
+    if len(name) > MAX_TENANT_CHARS:
+        raise APIError(400, f"The tenant ({param}) is {len(name)} characters long: send at most {MAX_TENANT_CHARS}.",
+                       param=param)
+    return name
+
+
 def check_model(state: ServerState, model: str) -> None:
     if model != state.served_model_name:
         raise APIError(404, f"The model {model!r} does not exist here: this server serves "
@@ -47,10 +74,10 @@ def logprobs_wanted(field: str, count: int | None) -> int | None:
 
 
 def sampling_params(state: ServerState, body: _SamplingFields, num_prompt_tokens: int,
-                    max_tokens: int | None, chat: bool = False, logprobs: int | None = None,
-                    prefix_key: str | None = None) -> SamplingParams:
-    """`num_prompt_tokens`: of the longest prompt; `logprobs`: from `logprobs_wanted`; `prefix_key`: from
-    `prefix_key`."""
+                    max_tokens: int | None, request: Request, chat: bool = False,
+                    logprobs: int | None = None) -> SamplingParams:
+    """`num_prompt_tokens`: of the longest prompt; `logprobs`: from `logprobs_wanted`; `request` gives the
+    prefix key, the class and the tenant."""
     num_slots = state.engine.stats().num_slots
     if body.n > num_slots:  # the n choices of a prompt run at once
         raise APIError(400, f"n is {body.n}, but this server runs at most {num_slots} sequences at once and the "
@@ -82,7 +109,10 @@ def sampling_params(state: ServerState, body: _SamplingFields, num_prompt_tokens
             min_p=body.min_p or 0.0,
             n=body.n,
             logprobs=logprobs,
-            prefix_key=prefix_key,
+            prefix_key=prefix_key(request),
+            request_class=request_class(request, body),
+            tenant=tenant(request, body),
+            priority=body.priority,
         )
     except ValueError as e:
         raise APIError(400, f"{e}: change that field and retry.") from None

@@ -29,6 +29,12 @@ def queue_timeout_message(queue_timeout_s: float, retry_s: int) -> str:
             f"retry after {retry_s} s or send to another replica.")
 
 
+def tenant_limit_message(tenant: str, max_queued: int, retry_s: int) -> str:
+    who = f"tenant {tenant!r}" if tenant else "requests that name no tenant"
+    return (f"Too many requests of {who} are waiting ({max_queued}, the server's --tenant-max-queued): "
+            f"retry after {retry_s} s, or send fewer at once.")
+
+
 def infeasible_message(why: str) -> str:
     return f"This request can never fit: {why}."  # `why` already says what to change, once
 

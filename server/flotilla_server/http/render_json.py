@@ -22,7 +22,7 @@ from flotilla_server.http.stream_response import wait_for_disconnect
 
 async def json_body(request: Request, state: ServerState, job: Job, stream: RequestStream, outcome: Outcome,
                     arrival_s: float) -> Response:
-    timing = Timing(state, arrival_s, job.num_prompt_tokens)
+    timing = Timing(state, arrival_s, job.num_prompt_tokens, job.params)
     choices = Choices(job, state.tokenizer.decode)
     last: TokenEvent | None = None
 

@@ -29,7 +29,7 @@ log = logging.getLogger("flotilla.server")
 
 async def sse_body(state: ServerState, job: Job, stream: RequestStream, outcome: Outcome,
                     arrival_s: float) -> AsyncIterator[bytes]:
-    timing = Timing(state, arrival_s, job.num_prompt_tokens)
+    timing = Timing(state, arrival_s, job.num_prompt_tokens, job.params)
     choices = Choices(job, state.tokenizer.decode)
     model, created, rid, iu = state.served_model_name, int(time.time()), job.request_id, job.include_usage
     encoders: dict[int, sse.DeltaEncoder] = {}  # per choice: its plain text chunks, pre-rendered

@@ -54,6 +54,12 @@ class _SamplingFields(BaseModel):
     n: Annotated[int, Field(ge=1, le=MAX_N)] = Field(
         default=1, description="Choices per prompt; they share the prompt's prefill and KV blocks."
     )
+    priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] = Field(
+        default=0, description="vLLM's: order within the request's class and tenant; lower is more urgent."
+    )
+    flotilla_class: Literal["interactive", "batch"] | None = Field(
+        default=None, description="interactive (the default) or batch; the X-Flotilla-Class header wins."
+    )
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> _SamplingFields:

@@ -127,6 +127,8 @@ def build_state(settings: ServerSettings, engine: EngineClient, model: ServedMod
         vocab_size=model.vocab_size, model_description=model.description,
         admission=AdmissionQueue(
             engine, depth=settings.queue_capacity, queue_timeout_s=settings.queue_timeout_s,
+            class_timeouts_s=settings.class_timeouts_s, batch_depth=settings.batch_queue_capacity,
+            tenant_max_queued=settings.tenant_max_queued,
         ),
     )
 

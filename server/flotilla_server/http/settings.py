@@ -6,12 +6,15 @@ The fields, their defaults and their flags come from one table, flotilla_contrac
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+from flotilla_contract import classes as c
 from flotilla_contract import flags as f
 from flotilla_contract.sizes import parse_bytes
 
 from flotilla_server.engine.config import EngineConfig
+from flotilla_server.engine.messages import EngineOptions
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,14 @@ class ServerSettings:
     max_model_len: int | None = None
     queue_depth_per_slot: int = f.DEFAULT_QUEUE_DEPTH_PER_SLOT
     queue_timeout_s: float = f.DEFAULT_QUEUE_TIMEOUT_S
+    class_weights: str = f.FLAGS_BY_NAME["--class-weights"].default  # type: ignore[assignment]
+    interactive_reserve_slots: int | None = None
+    class_queue_timeout_s: str | None = None
+    batch_max_preemptions: int = c.DEFAULT_BATCH_MAX_PREEMPTIONS
+    batch_prefill_tokens: int = c.DEFAULT_BATCH_PREFILL_TOKENS
+    tenant_weights: str | None = None
+    tenant_max_running: int | None = None
+    tenant_max_queued: int | None = None
     drain_timeout_s: float = f.DEFAULT_DRAIN_TIMEOUT_S
     prefix_caching: str = "on"
     dtype: str = "float32"
@@ -52,6 +63,20 @@ class ServerSettings:
             raise ValueError(f"--queue-depth-per-slot must be >= 0, got {self.queue_depth_per_slot}")
         if self.queue_timeout_s <= 0:
             raise ValueError(f"--queue-timeout-s must be > 0, got {self.queue_timeout_s}")
+        self.class_weight_map  # noqa: B018 (each parses once here, so a bad value fails at start-up)
+        self.tenant_weight_map  # noqa: B018
+        self.class_timeouts_s  # noqa: B018
+        reserve = self.reserve_slots
+        if self.max_num_seqs >= 1 and not 0 <= reserve < self.max_num_seqs:  # (the engine checks max_num_seqs)
+            raise ValueError(f"--interactive-reserve-slots must be in 0..{self.max_num_seqs - 1} (below "
+                             f"--max-num-seqs, so that batch work keeps a slot), got {reserve}")
+        for name in ("batch_max_preemptions", "batch_prefill_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        for name in ("tenant_max_running", "tenant_max_queued"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1 (leave it unset for no cap), "
+                                 f"got {getattr(self, name)}")
         if self.drain_timeout_s < 0:
             raise ValueError(f"--drain-timeout-s must be >= 0, got {self.drain_timeout_s}")
         if self.served_model_name is not None and not self.served_model_name.strip():
@@ -91,6 +116,58 @@ class ServerSettings:
         """Requests the admission queue holds before answering 429."""
         return self.queue_depth_per_slot * self.max_num_seqs
 
+    @property
+    def batch_queue_capacity(self) -> int:
+        """Places batch requests may hold: the queue less the interactive reserve's share of it."""
+        return self.queue_depth_per_slot * (self.max_num_seqs - self.reserve_slots)
+
+    @property
+    def reserve_slots(self) -> int:
+        """--interactive-reserve-slots, or its default: an eighth of the slots, at least 1 (none with 1 slot)."""
+        if self.interactive_reserve_slots is not None:
+            return self.interactive_reserve_slots
+        return min(max(1, self.max_num_seqs // 8), self.max_num_seqs - 1)
+
+    @property
+    def batch_share_slots(self) -> int:
+        """Slots batch work keeps against interactive arrivals: its weighted share of the slots, rounded up."""
+        weights = self.class_weight_map
+        return math.ceil(self.max_num_seqs * weights[c.BATCH] / sum(weights.values()))
+
+    @property
+    def class_weight_map(self) -> dict[str, float]:
+        weights = c.parse_weights(self.class_weights, what="--class-weights")
+        unknown = sorted(set(weights) - set(c.REQUEST_CLASSES))
+        if unknown:
+            raise ValueError(f"--class-weights names {', '.join(unknown)}: the classes are "
+                             f"{', '.join(c.REQUEST_CLASSES)}")
+        return {**c.DEFAULT_CLASS_WEIGHTS, **weights}
+
+    @property
+    def tenant_weight_map(self) -> dict[str, float]:
+        return c.parse_weights(self.tenant_weights or "", what="--tenant-weights")
+
+    @property
+    def class_timeouts_s(self) -> dict[str, float]:
+        timeouts = c.parse_weights(self.class_queue_timeout_s or "", what="--class-queue-timeout-s")
+        unknown = sorted(set(timeouts) - set(c.REQUEST_CLASSES))
+        if unknown:
+            raise ValueError(f"--class-queue-timeout-s names {', '.join(unknown)}: the classes are "
+                             f"{', '.join(c.REQUEST_CLASSES)}")
+        return timeouts
+
+    @property
+    def tenant_fairness(self) -> bool:
+        """Fair queuing between tenants is on when tenant weights or caps are configured; else FIFO."""
+        return bool(self.tenant_weight_map) or self.tenant_max_running is not None or self.tenant_max_queued is not None
+
+    def engine_options(self) -> EngineOptions:
+        return EngineOptions(
+            log_level=self.log_level, class_weights=tuple(self.class_weight_map.items()),
+            tenant_weights=tuple(self.tenant_weight_map.items()), tenant_max_running=self.tenant_max_running,
+            tenant_fairness=self.tenant_fairness,
+        )
+
     def engine_config(self) -> EngineConfig:
         """The engine's settings; in multi-model mode, every model's (the model itself is set per load)."""
         kv_bytes = self.kv_cache_memory_bytes
@@ -102,4 +179,6 @@ class ServerSettings:
             kv_cache_memory_bytes=kv_bytes, max_model_len=self.max_model_len,
             gpu_memory_utilization=self.gpu_memory_utilization,
             dtype=self.dtype, device=self.device, enable_prefix_caching=self.prefix_caching == "on",
+            interactive_reserve_slots=self.reserve_slots, batch_max_preemptions=self.batch_max_preemptions,
+            batch_prefill_tokens=self.batch_prefill_tokens, batch_share_slots=self.batch_share_slots,
         )

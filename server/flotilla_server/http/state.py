@@ -67,7 +67,11 @@ class ServerState:
 
     def snapshot(self) -> StateSnapshot:
         s = self.engine.stats()
+        queued = self.admission.waiting_by_class()
         return StateSnapshot(
+            waiting_by_class={c: n + s.waiting_by_class.get(c, 0) for c, n in queued.items()},
+            running_by_class=s.running_by_class,
+            preemptions_by_class=s.preemptions_by_class,
             requests_waiting=len(self.admission) + s.num_waiting,
             requests_running=s.num_running,
             slots=s.num_slots,

@@ -32,7 +32,8 @@ def test_every_metric_is_exported_with_the_model_label(server):
         for sample in families[name].samples:
             assert sample.labels.get("model") == "tiny", sample
     reasons = {s.labels["reason"] for s in families["flotilla_rejections"].samples}
-    assert reasons == {"queue_full", "queue_timeout", "infeasible", "draining", "client_gone", "slow_client"}
+    assert reasons == {"queue_full", "queue_timeout", "infeasible", "draining", "client_gone", "slow_client",
+                       "tenant_limit"}
     assert not [n for n in families if n.endswith("_created")]
     m = server.metrics()
     assert m[("flotilla_slots", ())] == 64

@@ -15,7 +15,6 @@ from flotilla_server.http.params import (
     check_model,
     include_usage,
     logprobs_wanted,
-    prefix_key,
     sampling_params,
 )
 from flotilla_server.http.schemas import ChatCompletionRequest
@@ -51,8 +50,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
         raise APIError(400, f"{e}: check the messages' roles and order.", param="messages") from None
     prompt_ids = state.tokenizer.encode(text, add_special_tokens=False)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    params = sampling_params(state, body, len(prompt_ids), max_tokens, chat=True, logprobs=logprobs,
-                             prefix_key=prefix_key(request))
+    params = sampling_params(state, body, len(prompt_ids), max_tokens, request, chat=True, logprobs=logprobs)
     job = Job(chat=True, request_id=f"chatcmpl-{uuid.uuid4().hex}", prompts=[prompt_ids],
               params=params, stream=body.stream, include_usage=include_usage(body))
     return await generate(request, state, job)

@@ -1,0 +1,322 @@
+"""`flotilla-bench priorities`: request classes and tenant caps under load, over HTTP on tiny.
+
+A benchmark, not a test (docs/benchmarks.md, "Priorities and tenants"). Each arm starts its own
+`flotilla-server --model tiny --max-num-seqs 16`; the arms of a run are interleaved, run by run, and each
+figure is the median of the runs. Everything is measured at the client: TTFT from the request's bytes
+being written to the first SSE chunk holding a token; tokens/s over a measurement window of
+`--samples` x `--interval-s` seconds (after `--warmup-s` when closed-loop load runs beside).
+
+Loads: open (one request every --interval-s) or closed (N clients back to back, each waiting
+--retry-s after a refusal). Batch requests carry `X-Flotilla-Class: batch`, tenants `X-Flotilla-Tenant`.
+- flood: interactive chat (16 tokens, one every 0.1 s) alone (`idle`), beside --flood closed-loop batch
+  clients of 256 tokens (more than slots + queue) unmarked (`fifo`, today's single queue) or marked (`classes`);
+- throughput: the marked flood alone (`batch_alone`) against the same beside the chat (`classes`);
+- share: 32 closed-loop interactive clients beside 32 batch ones, 64 tokens each, with the default
+  weights (`share_8_1`) and with `--class-weights interactive=3,batch=1` (`share_3_1`);
+- tenants: `--tenant-max-running 8 --tenant-max-queued 8`; tenant B's chat every 0.1 s beside tenant A
+  flooding with 64 clients (`tenant_flood`) or sending exactly at its running cap (`tenant_cap`: 8 clients).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Coroutine, Iterator
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from flotilla_contract.classes import BATCH, INTERACTIVE
+
+from flotilla_server.bench.engine_modes import _free_port, _ready
+from flotilla_server.bench.priorities_report import (
+    CASES,
+    SHARE_WEIGHTS,
+    Rec,
+    brief,
+    case_rows,
+    clean,
+    format_case,
+    medians,
+    plot,
+    summarise,
+)
+
+SLOTS = 16
+SERVER_FLAGS = ("--max-num-seqs", str(SLOTS), "--max-model-len", "512")
+_CODE = re.compile(rb'"code":\s*"([^"]*)"')
+
+
+@dataclass(frozen=True)
+class Load:
+    name: str  # interactive, batch, A, B: the figures' prefix
+    mode: str  # open: `n` requests, one every --interval-s from the window's start; closed: `n` clients
+    n: int
+    max_tokens: int
+    chat: bool = False  # /v1/chat/completions, else /v1/completions
+    cls: str | None = None  # X-Flotilla-Class
+    tenant: str | None = None  # X-Flotilla-Tenant
+
+    def payload(self) -> bytes:
+        body: dict[str, Any] = {"model": "tiny", "max_tokens": self.max_tokens, "ignore_eos": True, "stream": True}
+        if self.chat:
+            path, body["messages"] = "/v1/chat/completions", [{"role": "user", "content": "Is the harbour open?"}]
+        else:
+            path, body["prompt"] = "/v1/completions", "The log of the night watch, hour by hour:"
+        extra = (f"X-Flotilla-Class: {self.cls}\r\n" if self.cls else "") + (
+            f"X-Flotilla-Tenant: {self.tenant}\r\n" if self.tenant else "")
+        data = json.dumps(body).encode()
+        return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                f"{extra}Content-Length: {len(data)}\r\n\r\n").encode() + data
+
+
+@dataclass(frozen=True)
+class Arm:
+    flags: tuple[str, ...]  # beside SERVER_FLAGS
+    loads: tuple[Load, ...]
+
+
+def build_arms(a: argparse.Namespace) -> dict[str, Arm]:
+    chat = Load(INTERACTIVE, "open", a.samples, a.chat_tokens, chat=True)
+    flood = Load(BATCH, "closed", a.flood, a.batch_tokens, cls=BATCH)
+    share = (Load(INTERACTIVE, "closed", a.share_concurrency, a.closed_tokens),
+             Load(BATCH, "closed", a.share_concurrency, a.closed_tokens, cls=BATCH))
+    caps = ("--tenant-max-running", str(a.tenant_max_running), "--tenant-max-queued", str(a.tenant_max_queued))
+    b = Load("B", "open", a.samples, a.chat_tokens, chat=True, tenant="B")
+    tenant_a = Load("A", "closed", a.tenant_flood, a.closed_tokens, tenant="A")
+
+    def weights(arm: str) -> tuple[str, ...]:
+        w = SHARE_WEIGHTS[arm]
+        return ("--class-weights", ",".join(f"{k}={v:g}" for k, v in w.items()))
+
+    return {
+        "idle": Arm((), (chat,)),
+        "fifo": Arm((), (chat, replace(flood, cls=None))),
+        "classes": Arm((), (chat, flood)),
+        "batch_alone": Arm((), (flood,)),
+        "share_8_1": Arm((), share),  # the defaults: 8:1
+        "share_3_1": Arm(weights("share_3_1"), share),
+        "tenant_flood": Arm(caps, (b, tenant_a)),
+        # at its cap: as many clients as A may run, so it never queues and is never refused
+        "tenant_cap": Arm(caps, (b, replace(tenant_a, n=a.tenant_max_running))),
+    }
+
+
+class StartFailed(RuntimeError):
+    pass
+
+
+@contextlib.contextmanager
+def _server(flags: tuple[str, ...]) -> Iterator[int]:
+    port = _free_port()
+    cmd = [sys.executable, "-m", "flotilla_server.cli", "--model", "tiny", "--host", "127.0.0.1", "--port", str(port),
+           "--log-level", "warning", *SERVER_FLAGS, *flags]
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        try:
+            deadline = time.monotonic() + 300
+            while not _ready(port):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    err.seek(0)
+                    lines = [x.strip() for x in err.read().decode(errors="replace").splitlines() if x.strip()]
+                    why = lines[-1] if lines else f"exit status {proc.poll()}"
+                    raise StartFailed(f"flotilla-server {' '.join(flags) or '(default flags)'} did not start: {why}")
+                time.sleep(0.2)
+            yield port
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+async def _post(port: int, payload: bytes, rec: Rec, t0: float, window: tuple[float, float]) -> None:
+    """Sends one request and fills `rec` in as its answer streams; a chunk holding a token is one token."""
+    writer = None
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(payload)
+        rec.sent_s = time.perf_counter() - t0
+        head = await reader.readuntil(b"\r\n\r\n")
+        rec.status = int(head.split(None, 2)[1])
+        if rec.status != 200:
+            rec.retry_after = b"\nretry-after:" in head.lower()
+            found = _CODE.search(await reader.read())
+            rec.code = found.group(1).decode() if found else ""
+            return
+        w0, w1 = window
+        while line := await reader.readline():
+            if not line.startswith(b"data: {") or b'"role"' in line:  # chat's opening chunk holds no token
+                continue
+            if line.startswith(b'data: {"error"'):
+                rec.code = (found.group(1).decode() if (found := _CODE.search(line)) else "") or "stream_error"
+                continue
+            now = time.perf_counter() - t0
+            if rec.first_token_s is None:
+                rec.first_token_s = now
+            rec.tokens += 1
+            rec.window_tokens += w0 <= now < w1
+    except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError) as e:
+        rec.code = rec.code or type(e).__name__
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+async def _closed(port: int, load: Load, recs: list[Rec], t0: float, window: tuple[float, float],
+                  stop: asyncio.Event, retry_s: float) -> None:
+    payload = load.payload()
+    while not stop.is_set():
+        rec = Rec(load.name, time.perf_counter() - t0)
+        recs.append(rec)
+        await _post(port, payload, rec, t0, window)
+        if rec.status != 200 or rec.code:
+            await asyncio.sleep(retry_s)
+
+
+async def _open(port: int, load: Load, recs: list[Rec], t0: float, window: tuple[float, float],
+                interval_s: float) -> None:
+    payload, sent = load.payload(), []
+    for i in range(load.n):
+        delay = window[0] + i * interval_s - (time.perf_counter() - t0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        rec = Rec(load.name, time.perf_counter() - t0)
+        recs.append(rec)
+        sent.append(asyncio.create_task(_post(port, payload, rec, t0, window)))
+    await asyncio.gather(*sent)
+
+
+async def _class_metrics(port: int) -> dict[str, float]:
+    """The server's flotilla_class_* series (no histogram buckets); empty where it has none."""
+    with contextlib.suppress(OSError, ValueError):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        text = (await reader.read()).decode(errors="replace")
+        writer.close()
+        return {s: float(v) for line in text.splitlines() if line.startswith("flotilla_class_")
+                and "_bucket" not in line for s, v in [line.rsplit(" ", 1)]}
+    return {}
+
+
+async def drive(port: int, arm: Arm, a: argparse.Namespace) -> tuple[list[Rec], tuple[float, float], dict]:
+    await _post(port, Load("warm-up", "open", 1, 4, chat=True).payload(), Rec("warm-up", 0.0), 0.0, (0.0, 0.0))
+    closed = [load for load in arm.loads if load.mode == "closed"]
+    w0 = a.warmup_s if closed else 0.0
+    window = (w0, w0 + a.samples * a.interval_s)
+    recs: list[Rec] = []
+    stop, t0 = asyncio.Event(), time.perf_counter()
+    clients = [asyncio.create_task(_closed(port, load, recs, t0, window, stop, a.retry_s))
+               for load in closed for _ in range(load.n)]
+    opens = [asyncio.create_task(_open(port, load, recs, t0, window, a.interval_s))
+             for load in arm.loads if load.mode == "open"]
+    await asyncio.sleep(window[1] - (time.perf_counter() - t0))
+    if opens:  # the open loads' last requests finish while the closed ones keep the pressure
+        await asyncio.wait(opens, timeout=a.drain_s)
+    stop.set()
+    for task in (*clients, *opens):
+        task.cancel()
+    await asyncio.gather(*clients, *opens, return_exceptions=True)
+    return recs, window, await _class_metrics(port)
+
+
+def _loop_run(coro: Coroutine) -> Any:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
+
+
+def run_arms(names: list[str], arms: dict[str, Arm], a: argparse.Namespace) -> tuple[dict, dict[str, str]]:
+    runs: dict[str, list[dict]] = {n: [] for n in names}
+    failed: dict[str, str] = {}
+    for i in range(a.runs):
+        for name in names if i % 2 == 0 else names[::-1]:
+            if name in failed:
+                continue
+            start = time.perf_counter()
+            try:
+                with _server(arms[name].flags) as port:
+                    recs, window, metrics = _loop_run(drive(port, arms[name], a))
+            except StartFailed as e:
+                failed[name] = str(e)
+                print(f"arm {name}: {e}", flush=True)
+                continue
+            summary = summarise(recs, window) | {"server_metrics": metrics, "wall_s": time.perf_counter() - start}
+            runs[name].append(summary)
+            print(f"run {i + 1}/{a.runs} {name} ({summary['wall_s']:.0f} s): {brief(summary)}", flush=True)
+            if not metrics and any(load.cls or load.tenant for load in arms[name].loads):
+                print(f"warning: arm {name}: the server exports no flotilla_class_* series; it may ignore "
+                      "X-Flotilla-Class and X-Flotilla-Tenant, so this arm measures FIFO", flush=True)
+    return runs, failed
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cases", default=",".join(CASES), help=f"Cases to run, comma-separated: {', '.join(CASES)}.")
+    p.add_argument("--arms", help="Run exactly these arms instead (comma-separated), e.g. idle,fifo.")
+    p.add_argument("--quick", action="store_true",
+                   help="A smoke run: 1 run, 50 samples, 128-token batch requests, 1.5 s warm-up.")
+    p.add_argument("--runs", type=int, help="Runs of each arm, interleaved; the median is reported (default 3).")
+    p.add_argument("--samples", type=int, help="Open-loop requests per arm; the window is samples x interval "
+                                               "(default 200).")
+    p.add_argument("--interval-s", type=float, default=0.1, help="Open-loop interarrival time.")
+    p.add_argument("--chat-tokens", type=int, default=16, help="Tokens of each interactive chat request.")
+    p.add_argument("--flood", type=int, default=150, help="Closed-loop batch clients (flood, throughput).")
+    p.add_argument("--batch-tokens", type=int, help="Tokens of each flood request (default 256).")
+    p.add_argument("--share-concurrency", type=int, default=32, help="Closed-loop clients of each class (share).")
+    p.add_argument("--closed-tokens", type=int, default=64, help="Tokens of each share and tenant A request.")
+    p.add_argument("--tenant-max-running", type=int, default=8, help="The server's cap (tenants).")
+    p.add_argument("--tenant-max-queued", type=int, default=8, help="The server's cap (tenants).")
+    p.add_argument("--tenant-flood", type=int, default=64, help="Tenant A's closed-loop clients when it floods.")
+    p.add_argument("--warmup-s", type=float, help="Closed-loop load before the window opens (default 3).")
+    p.add_argument("--retry-s", type=float, default=0.2, help="A closed-loop client's pause after a refusal.")
+    p.add_argument("--drain-s", type=float, default=90.0, help="Longest wait for open-loop requests after the window.")
+    p.add_argument("--json", type=Path, help="Write every run, the medians and the cases' rows here.")
+    p.add_argument("--plot", type=Path, help="Write a PNG: interactive TTFT CDFs, then bars of the other cases.")
+
+
+def run(args: argparse.Namespace) -> int:
+    quick = args.quick
+    args.runs = args.runs or (1 if quick else 3)
+    args.samples = args.samples or (50 if quick else 200)
+    args.batch_tokens = args.batch_tokens or (128 if quick else 256)
+    args.warmup_s = args.warmup_s if args.warmup_s is not None else (1.5 if quick else 3.0)
+    arms = build_arms(args)
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    names = [n.strip() for n in args.arms.split(",")] if args.arms else list(
+        dict.fromkeys(arm for c in cases for arm in CASES[c][1]))
+    unknown = [c for c in cases if c not in CASES] + [n for n in names if n not in arms]
+    if unknown:
+        print(f"flotilla-bench priorities: unknown case or arm {', '.join(unknown)}; cases: {', '.join(CASES)}; "
+              f"arms: {', '.join(arms)}", file=sys.stderr)
+        return 2
+    runs, failed = run_arms(names, arms, args)
+    med = {n: medians(r) for n, r in runs.items() if r}
+    shown = [c for c in CASES if any(arm in names for arm in CASES[c][1])]
+    rows = {c: case_rows(c, med, runs, args.samples) for c in shown}
+    for c in shown:
+        print(format_case(c, rows[c], [arm for arm in CASES[c][1] if not runs.get(arm)]))
+    config = {k: v for k, v in vars(args).items() if k not in ("json", "plot", "func")} | {"slots": SLOTS}
+    report = clean({"config": config | {"server_flags": list(SERVER_FLAGS)},
+                    "arms": {n: {"flags": list(arms[n].flags), "loads": [asdict(x) for x in arms[n].loads]}
+                             for n in names},
+                    "runs": runs, "medians": med, "cases": rows, "failed": failed})
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    if args.plot:
+        plot(report, args.plot)
+    return 1 if failed else 0
