@@ -12,7 +12,9 @@ if [ $# -lt 1 ]; then
   echo "usage: $0 BASE_COMMIT [ROUNDS] [OUT_DIR]   (for example: $0 08bd594 3 bench-results/single-stream)" >&2
   exit 2
 fi
-readonly BASE=$1 ROUNDS=${2:-3} OUT=${3:-bench-results/single-stream}
+readonly BASE=$1 ROUNDS=${2:-3}
+OUT=$(realpath -m "${3:-bench-results/single-stream}")  # absolute: each profile runs inside its own tree
+readonly OUT
 readonly ROOT=$(git rev-parse --show-toplevel)
 readonly PY=${PYTHON:-$ROOT/.venv/bin/python}
 BASE_TREE=$(mktemp -d)

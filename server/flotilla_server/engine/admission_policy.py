@@ -1,4 +1,5 @@
-"""The admission queue's decisions, kept free of asyncio and the engine so they can be tested exhaustively.
+"""Today's FIFO admission, kept as the reference of engine/fair_admission.py: with no request marked, the fair
+policy the engine loop runs makes exactly this policy's calls (tests/server/engine/test_fair_admission.py).
 
 The rules (docs/architecture.md, "Design rules: admission"): FIFO by ticket; when the head cannot be admitted, later
 arrivals may overtake it at most ``max_overtakes`` times, after which the head reserves capacity and

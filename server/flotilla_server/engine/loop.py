@@ -59,8 +59,9 @@ class EngineLoop:
         max_overtakes = core.config.max_num_seqs if options.max_overtakes is None else options.max_overtakes
         # unbounded here: the HTTP side bounds the queue (an exact count, and 429 without a round trip)
         self._policy: FairAdmissionPolicy[_Waiter] = FairAdmissionPolicy(FairnessConfig(
-            class_weights=dict(options.class_weights), tenant_weights=dict(options.tenant_weights), tenant_max_running=options.tenant_max_running,
-            tenant_fairness=options.tenant_fairness, max_overtakes=max_overtakes,
+            class_weights=dict(options.class_weights), tenant_weights=dict(options.tenant_weights),
+            tenant_max_running=options.tenant_max_running, tenant_fairness=options.tenant_fairness,
+            max_overtakes=max_overtakes,
         ))
         self._waiting: dict[str, _Waiter] = {}
         self._refused: list[tuple[str, str]] = []

@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
-from flotilla_contract.classes import REQUEST_CLASSES
+from flotilla_contract.classes import BATCH, REQUEST_CLASSES
 
 from flotilla_server.engine.client import RequestStream
 from flotilla_server.engine.sampling_params import SamplingParams
@@ -73,6 +73,13 @@ class AdmissionQueue:
     def is_full(self) -> bool:
         return self._waiting >= self.depth
 
+    def batch_is_full(self) -> bool:
+        """Batch requests hold their share of the queue."""
+        return self._by_class[BATCH] >= self.batch_depth
+
+    def tenant_is_full(self, tenant: str) -> bool:
+        return self.tenant_max_queued is not None and self._by_tenant[tenant] >= self.tenant_max_queued
+
     def timeout_s(self, request_class: str) -> float:
         """The wait budget of a request of this class."""
         return self.class_timeouts_s.get(request_class, self.queue_timeout_s)
@@ -96,9 +103,9 @@ class AdmissionQueue:
         admission the request is withdrawn from the engine, so no slot leaks.
         """
         request_class, tenant = params.request_class, params.tenant
-        if self.is_full() or (params.is_batch and self._by_class[request_class] >= self.batch_depth):
+        if self.is_full() or (params.is_batch and self.batch_is_full()):
             raise QueueFull
-        if self.tenant_max_queued is not None and self._by_tenant[tenant] >= self.tenant_max_queued:
+        if self.tenant_is_full(tenant):
             raise TenantLimit
         enqueued_at_s = time.monotonic()
         stream = self._engine.submit(request_id, prompt_token_ids, params, asyncio.get_running_loop(), extra_prompts)

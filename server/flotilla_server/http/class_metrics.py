@@ -64,5 +64,9 @@ class ClassMetrics:
         self.ttft.labels(*self._labels(params)).observe(seconds)
 
     def count_rejection(self, params: SamplingParams, reason: str) -> None:
+        self.count_refusal(params.request_class, params.tenant, reason)
+
+    def count_refusal(self, request_class: str, tenant: str, reason: str) -> None:
+        """A refusal before the body is parsed (the door reads the class and tenant headers)."""
         assert reason in ADMISSION_REASONS, reason
-        self.rejections.labels(*self._labels(params), reason).inc()
+        self.rejections.labels(self.model, request_class, self.tenant_label(tenant), reason).inc()
