@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 
-from e2e.conftest import SERVER_START_S
+from e2e.conftest import SERVER_START_S, SETTLE_S
 from e2e.load import LoadGenerator
 from e2e.pod_runner import PodRunner
 from tests.chart.dashboard_queries import load_dashboards
@@ -104,6 +104,9 @@ def running_system(tmp_path: Path) -> Iterator[tuple[RealPrometheus, PodRunner, 
         k8s.create(INFERENCE_MODEL)
         gateway = stack.enter_context(gateway_process(k8s.kubeconfig, tmp_path, "--namespace", NAMESPACE))
         targets.add(Target(f"127.0.0.1:{gateway.port}", {"job_role": "gateway"}))
+        # the gateway's hold histogram must be scraped at 0 before the first release, or the hold panels' rate()
+        # never sees it grow (a series' first sample has no increase before it)
+        prometheus.wait_for(f'flotilla_gateway_hold_seconds_count{{model="{MODEL}"}}', timeout_s=SETTLE_S)
         yield prometheus, runner, gateway.url
 
 

@@ -7,7 +7,8 @@ being written to the first SSE chunk holding a token; tokens/s over a measuremen
 `--samples` x `--interval-s` seconds (after `--warmup-s` when closed-loop load runs beside).
 
 Loads: open (one request every --interval-s) or closed (N clients back to back, each waiting
---retry-s after a refusal). Batch requests carry `X-Flotilla-Class: batch`, tenants `X-Flotilla-Tenant`.
+--retry-s after a refusal). Beside closed loads the open ones run in a process of their own, so that the
+probe's latencies never wait on the flood's event loop. Batch requests carry `X-Flotilla-Class: batch`, tenants `X-Flotilla-Tenant`.
 - flood: interactive chat (16 tokens, one every 0.1 s) alone (`idle`), beside --flood closed-loop batch
   clients of 256 tokens (more than slots + queue) unmarked (`fifo`, today's single queue) or marked (`classes`);
 - throughput: the marked flood alone (`batch_alone`) against the same beside the chat (`classes`);
@@ -23,6 +24,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import multiprocessing
 import re
 import signal
 import subprocess
@@ -210,24 +212,51 @@ async def _class_metrics(port: int) -> dict[str, float]:
     return {}
 
 
+async def _open_loads(port: int, loads: list[Load], t0: float, window: tuple[float, float], interval_s: float,
+                      drain_s: float) -> list[Rec]:
+    recs: list[Rec] = []
+    tasks = [asyncio.create_task(_open(port, load, recs, t0, window, interval_s)) for load in loads]
+    await asyncio.wait(tasks, timeout=max(0.0, window[1] - (time.perf_counter() - t0)) + drain_s)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    return recs
+
+
+def _probe_main(port: int, loads: list[Load], t0: float, window: tuple[float, float], interval_s: float,
+                drain_s: float, out: Any) -> None:
+    """The open loads in a process of their own: their latencies never wait on the closed loads' event loop
+    (perf_counter is CLOCK_MONOTONIC, one clock for every process)."""
+    out.put(_loop_run(_open_loads(port, loads, t0, window, interval_s, drain_s)))
+
+
 async def drive(port: int, arm: Arm, a: argparse.Namespace) -> tuple[list[Rec], tuple[float, float], dict]:
     await _post(port, Load("warm-up", "open", 1, 4, chat=True).payload(), Rec("warm-up", 0.0), 0.0, (0.0, 0.0))
     closed = [load for load in arm.loads if load.mode == "closed"]
+    opens = [load for load in arm.loads if load.mode == "open"]
     w0 = a.warmup_s if closed else 0.0
     window = (w0, w0 + a.samples * a.interval_s)
     recs: list[Rec] = []
     stop, t0 = asyncio.Event(), time.perf_counter()
+    probe = results = None
+    if opens and closed:  # the probe apart from the pressure (a closed flood keeps one loop busy)
+        ctx = multiprocessing.get_context("spawn")
+        results = ctx.Queue()
+        probe = ctx.Process(target=_probe_main, args=(port, opens, t0, window, a.interval_s, a.drain_s, results))
+        probe.start()
     clients = [asyncio.create_task(_closed(port, load, recs, t0, window, stop, a.retry_s))
                for load in closed for _ in range(load.n)]
-    opens = [asyncio.create_task(_open(port, load, recs, t0, window, a.interval_s))
-             for load in arm.loads if load.mode == "open"]
-    await asyncio.sleep(window[1] - (time.perf_counter() - t0))
-    if opens:  # the open loads' last requests finish while the closed ones keep the pressure
-        await asyncio.wait(opens, timeout=a.drain_s)
+    if probe is not None:
+        recs += await asyncio.to_thread(results.get, True, window[1] + a.drain_s + 120)
+        await asyncio.to_thread(probe.join, 30)
+    elif opens:
+        recs += await _open_loads(port, opens, t0, window, a.interval_s, a.drain_s)
+    else:
+        await asyncio.sleep(window[1] - (time.perf_counter() - t0))
     stop.set()
-    for task in (*clients, *opens):
+    for task in clients:
         task.cancel()
-    await asyncio.gather(*clients, *opens, return_exceptions=True)
+    await asyncio.gather(*clients, return_exceptions=True)
     return recs, window, await _class_metrics(port)
 
 
