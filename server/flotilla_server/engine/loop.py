@@ -135,6 +135,7 @@ class EngineLoop:
     def turn(self, wait_for_message: Callable[[float], bool]) -> EngineUpdate | None:
         """Admit whoever fits, run one step if anything runs; None if nothing changed."""
         scheduler = self.core.scheduler
+        scheduler.readmit()  # preempted sequences first: else constant arrivals would keep them out
         free_slots = scheduler.max_num_seqs - scheduler.num_slots_used
         running_by_tenant = scheduler.requests_by_tenant() if self.options.tenant_fairness else {}
         batch_slots = scheduler.rules.batch_room(scheduler.running, scheduler.max_num_seqs)

@@ -191,9 +191,10 @@ class Scheduler:
 
     # --- a step ---------------------------------------------------------------------------------
 
-    def _readmit(self) -> None:
+    def readmit(self) -> None:
         """Start queued sequences in ticket order while they fit; a batch one that does not fit holds back
-        only the batch ones behind it."""
+        only the batch ones behind it. The engine loop calls it before admitting arrivals too: a preempted
+        sequence takes a freed slot before any new request does."""
         batch_blocked = False
         for seq in list(self.waiting):
             if seq.params.is_batch and batch_blocked:
@@ -207,7 +208,7 @@ class Scheduler:
                 break
 
     def schedule(self) -> StepPlan:
-        self._readmit()
+        self.readmit()
         plan = StepPlan()
         decodes: list[ScheduledChunk] = []
         prefill_budget = self.max_num_batched_tokens - sum(1 for s in self.running if not s.is_prefill)

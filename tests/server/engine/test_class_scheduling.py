@@ -105,3 +105,16 @@ def test_a_step_that_prefills_interactive_work_leaves_batch_decodes_out_never_tw
         plan = run_step(sched)
         kinds.append(sorted(c.seq.request_id for c in plan.chunks))
     assert kinds == [["i"], ["b0", "b1", "i"], ["i"], ["b0", "b1", "i"]]
+
+
+def test_a_preempted_batch_sequence_takes_a_freed_slot_before_new_arrivals() -> None:
+    """The engine loop calls `readmit` before it admits arrivals: else, under constant interactive load,
+    every freed slot would go to a new arrival and a preempted batch sequence would never run again."""
+    sched = scheduler(slots=2)
+    b, i1 = seq("b", 2, batch=True), seq("i1", 2)
+    sched.try_admit(b), sched.try_admit(i1)
+    run_step(sched)
+    assert sched.try_admit(seq("i2", 2)) is None and b.status is SequenceStatus.WAITING  # b gave its slot
+    sched.finish(i1, "stop")
+    sched.readmit()
+    assert b.status is SequenceStatus.RUNNING and sched.num_slots_used == 2
