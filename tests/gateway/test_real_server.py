@@ -81,9 +81,16 @@ def test_the_openai_sdk_streams_through_the_gateway(setup: Setup) -> None:
 
 def test_the_gateway_reads_the_servers_load_report(setup: Setup) -> None:
     pod = setup.server.base_url.removeprefix("http://")
-    ages = [line for line in httpx.get(setup.gateway.url + "/metrics").text.splitlines()
-            if line.startswith("flotilla_gateway_pod_load") and f'pod="{pod}"' in line and "age_seconds" in line]
-    assert len(ages) == 1 and 0 <= float(ages[0].rsplit(" ", 1)[1]) < 1  # read, and fresh
+
+    def ages() -> list[str]:
+        return [line for line in httpx.get(setup.gateway.url + "/metrics").text.splitlines()
+                if line.startswith("flotilla_gateway_pod_load") and f'pod="{pod}"' in line and "age_seconds" in line]
+
+    deadline = time.monotonic() + 30  # hang-only: the board reads every pod within a poll interval of seeing it
+    while not ages():
+        assert time.monotonic() < deadline, "the gateway never read the server's load report"
+        time.sleep(0.1)
+    assert len(ages()) == 1 and 0 <= float(ages()[0].rsplit(" ", 1)[1]) < 1  # read, and fresh
 
 
 @pytest.mark.parametrize(("key", "model", "status"), [
