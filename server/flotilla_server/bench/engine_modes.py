@@ -16,23 +16,14 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
+
+from flotilla_server.bench.tiny_server import tiny_server
 
 MODES = ("process", "inprocess")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cpu_s(pid: int) -> float:
@@ -47,38 +38,6 @@ def _cpu_s(pid: int) -> float:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / CLK_TCK
     return total
-
-
-@contextlib.contextmanager
-def _server(mode: str, *args: str) -> Iterator[tuple[int, int]]:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "flotilla_server.cli", "--model", "tiny", "--host", "127.0.0.1", "--port", str(port),
-           "--engine-mode", mode, "--log-level", "warning", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 300
-        while not _ready(port):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"flotilla-server --engine-mode {mode} did not start")
-            time.sleep(0.2)
-        yield port, proc.pid
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _ready(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-            s.sendall(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            return s.recv(16).startswith(b"HTTP/1.1 200")
-    except OSError:
-        return False
 
 
 async def _request(port: int, body: dict) -> tuple[int, float, int, str]:
@@ -149,11 +108,11 @@ def run_modes(runs: int, clients: int, stream_tokens: int, burst: int) -> dict[s
     results: dict[str, dict[str, list[dict]]] = {m: {"stream": [], "burst": []} for m in MODES}
     for i in range(runs):
         for mode in MODES if i % 2 == 0 else reversed(MODES):
-            with _server(mode, "--max-num-seqs", "64", "--max-model-len", "512") as (port, pid):
-                results[mode]["stream"].append(asyncio.run(_stream(port, pid, clients, stream_tokens)))
-            with _server(mode, "--max-num-seqs", "4", "--queue-depth-per-slot", "8", "--queue-timeout-s", "5",
-                         "--max-model-len", "512") as (port, pid):
-                results[mode]["burst"].append(asyncio.run(_burst(port, pid, burst, 64)))
+            with tiny_server("--engine-mode", mode, "--max-num-seqs", "64", "--max-model-len", "512") as server:
+                results[mode]["stream"].append(asyncio.run(_stream(server.port, server.pid, clients, stream_tokens)))
+            with tiny_server("--engine-mode", mode, "--max-num-seqs", "4", "--queue-depth-per-slot", "8",
+                             "--queue-timeout-s", "5", "--max-model-len", "512") as server:
+                results[mode]["burst"].append(asyncio.run(_burst(server.port, server.pid, burst, 64)))
             print(f"run {i + 1}/{runs} {mode}: {results[mode]['stream'][-1]} {results[mode]['burst'][-1]}",
                   flush=True)
     return results

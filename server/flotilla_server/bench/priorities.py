@@ -26,19 +26,15 @@ import contextlib
 import json
 import multiprocessing
 import re
-import signal
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Coroutine
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from flotilla_contract.classes import BATCH, INTERACTIVE
 
-from flotilla_server.bench.engine_modes import _free_port, _ready
 from flotilla_server.bench.priorities_report import (
     CASES,
     SHARE_WEIGHTS,
@@ -51,6 +47,7 @@ from flotilla_server.bench.priorities_report import (
     plot,
     summarise,
 )
+from flotilla_server.bench.tiny_server import StartFailed, tiny_server
 
 SLOTS = 16
 SERVER_FLAGS = ("--max-num-seqs", str(SLOTS), "--max-model-len", "512")
@@ -110,37 +107,6 @@ def build_arms(a: argparse.Namespace) -> dict[str, Arm]:
         # at its cap: as many clients as A may run, so it never queues and is never refused
         "tenant_cap": Arm(caps, (b, replace(tenant_a, n=a.tenant_max_running))),
     }
-
-
-class StartFailed(RuntimeError):
-    pass
-
-
-@contextlib.contextmanager
-def _server(flags: tuple[str, ...]) -> Iterator[int]:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "flotilla_server.cli", "--model", "tiny", "--host", "127.0.0.1", "--port", str(port),
-           "--log-level", "warning", *SERVER_FLAGS, *flags]
-    with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
-        try:
-            deadline = time.monotonic() + 300
-            while not _ready(port):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    err.seek(0)
-                    lines = [x.strip() for x in err.read().decode(errors="replace").splitlines() if x.strip()]
-                    why = lines[-1] if lines else f"exit status {proc.poll()}"
-                    raise StartFailed(f"flotilla-server {' '.join(flags) or '(default flags)'} did not start: {why}")
-                time.sleep(0.2)
-            yield port
-        finally:
-            proc.send_signal(signal.SIGINT)
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 async def _post(port: int, payload: bytes, rec: Rec, t0: float, window: tuple[float, float]) -> None:
@@ -278,8 +244,8 @@ def run_arms(names: list[str], arms: dict[str, Arm], a: argparse.Namespace) -> t
                 continue
             start = time.perf_counter()
             try:
-                with _server(arms[name].flags) as port:
-                    recs, window, metrics = _loop_run(drive(port, arms[name], a))
+                with tiny_server(*SERVER_FLAGS, *arms[name].flags) as server:
+                    recs, window, metrics = _loop_run(drive(server.port, arms[name], a))
             except StartFailed as e:
                 failed[name] = str(e)
                 print(f"arm {name}: {e}", flush=True)
