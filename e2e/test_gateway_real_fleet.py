@@ -29,7 +29,7 @@ MODEL = "tiny"
 SLOTS = 2
 DEEP_QUEUE = 12  # direct requests on replica 0: 2 running, 10 waiting (under its queue capacity of 16)
 NEW_REQUESTS = 120
-DISCONNECTS = 50
+DISCONNECTS = 36  # at once: 2/3 of the fleet's 54 places (3 x (2 slots + 16 queued)); at 50, one met 429
 SETTLE_S = 60.0  # the deadline of a wait: only a hang reaches it
 TEST_TIMEOUT_S = 300  # the first test also starts the fleet: three servers importing torch at once
 
@@ -166,7 +166,7 @@ def test_disconnects_through_the_gateway_leave_no_kv_blocks(fleet: Fleet) -> Non
         async with client.stream("POST", fleet.gateway.url + "/v1/completions",
                                  json={"model": MODEL, "prompt": f"story {i}", "max_tokens": 500,
                                        "ignore_eos": True, "stream": True}) as r:
-            assert r.status_code == 200
+            assert r.status_code == 200, (r.status_code, (await r.aread())[:300])
             async for line in r.aiter_lines():
                 if line.startswith("data: {"):
                     return  # leave after the first token
