@@ -29,7 +29,7 @@ MODEL = "tiny"
 SLOTS = 2
 DEEP_QUEUE = 12  # direct requests on replica 0: 2 running, 10 waiting (under its queue capacity of 16)
 NEW_REQUESTS = 120
-DISCONNECTS = 36  # at once: 2/3 of the fleet's 54 places (3 x (2 slots + 16 queued)); at 50, one met 429
+DISCONNECTS = 36  # at once: 2/3 of the fleet's 54 places (3 x (2 slots + 16 queued)), margin for the gateway's spread
 SETTLE_S = 60.0  # the deadline of a wait: only a hang reaches it
 TEST_TIMEOUT_S = 300  # the first test also starts the fleet: three servers importing torch at once
 

@@ -6,8 +6,12 @@ Both timelines are (tick time, replicas after that tick's decision) at the same 
   timelines' moments of one kind when those agree (below): there one side has taken a decision the other
   takes a tick or two later, and a scale by more than the tolerance in one decision differs by more, and
 - the scale-up moment (the first tick whose count is above the count both started from) and the
-  scale-down moment (the first tick whose count is below the one before) exist in both or in neither,
-  and fall within `moment_tolerance_intervals` (2) autoscaler intervals of each other.
+  scale-down moment (the first tick whose count falls below the lower of the two peaks) exist in both or
+  in neither, and fall within `moment_tolerance_intervals` (2) autoscaler intervals of each other.
+The scale-down is measured from the lower peak because a peak one replica higher is within the tolerance:
+the real loop's Prometheus scrapes each server at its own moment, so a request that moves from one server
+to another between two scrapes can count twice and add a replica the simulator (one instant per scrape)
+does not. Stepping back from that replica is not the scale-down the simulator predicts.
 Pure, so the rule is tested on hand-made timelines (tests/sim/test_agreement.py) and the e2e tests
 only record and call it.
 """
@@ -19,11 +23,22 @@ from dataclasses import dataclass
 Timeline = list[tuple[float, int]]
 
 
-def scale_moments(timeline: Timeline, initial: int) -> dict[str, float | None]:
-    """When a timeline that started at `initial` replicas first scales up, and first scales down."""
-    counts = [initial] + [n for _, n in timeline]
+def peak(timeline: Timeline, initial: int) -> int:
+    return max([initial] + [n for _, n in timeline])
+
+
+def scale_moments(timeline: Timeline, initial: int, level: int | None = None) -> dict[str, float | None]:
+    """When a timeline that started at `initial` replicas first scales up (above `initial`), and first
+    scales down: the first tick below `level` (default: its own peak) after a count at or above it."""
+    level = peak(timeline, initial) if level is None else level
     up = next((t for t, n in timeline if n > initial), None)
-    down = next((t for i, (t, n) in enumerate(timeline) if n < counts[i]), None)
+    reached = initial >= level
+    down = None
+    for t, n in timeline:
+        if reached and n < level:
+            down = t
+            break
+        reached = reached or n >= level
     return {"up": up, "down": down}
 
 
@@ -90,5 +105,6 @@ def compare(real: Timeline, simulated: Timeline, initial: int, interval_s: float
     if len(real) != len(simulated):
         raise ValueError(f"the timelines must share their ticks: {len(real)} real, {len(simulated)} simulated")
     rows = [(t, r, s) for (t, r), (_, s) in zip(real, simulated, strict=True)]
-    return Agreement(rows, scale_moments(real, initial), scale_moments(simulated, initial), interval_s, replicas_tolerance,
-                     moment_tolerance_intervals)
+    level = min(peak(real, initial), peak(simulated, initial))
+    return Agreement(rows, scale_moments(real, initial, level), scale_moments(simulated, initial, level), interval_s,
+                     replicas_tolerance, moment_tolerance_intervals)

@@ -11,7 +11,7 @@ def _with(timeline, **changes):
     return [(t, replaced.get(t, n)) for t, n in timeline]
 
 
-def test_moments_are_the_first_rise_above_the_start_and_the_first_fall():
+def test_moments_are_the_first_rise_above_the_start_and_the_first_fall_below_the_peak():
     assert scale_moments(CYCLE, initial=1) == {"up": 3.0, "down": 9.0}
     assert scale_moments([(2.0, 1), (4.0, 0), (6.0, 0)], initial=1) == {"up": None, "down": 4.0}
     # a timeline whose first tick already scaled still has its moment there
@@ -56,3 +56,21 @@ def test_a_moment_in_one_timeline_only_disagrees():
     never_down = _with(CYCLE, t9=3, t11=3, t13=3)
     problems = compare(CYCLE, never_down, initial=1, interval_s=2.0).problems()
     assert any(p.startswith("scale-down: real at 9.0, simulated at None") for p in problems)
+
+
+def test_the_scale_down_counts_from_the_lower_peak():
+    """A real peak one replica above the simulated one (within the tolerance) and its step back are not the
+    scale-down: both are measured as the first fall below 3 (the clean-clone CI run's timelines)."""
+    real = [(1.0, 3), (3.0, 4), (5.0, 4), (7.0, 3), (9.0, 3), (11.0, 1), (13.0, 1)]
+    sim = [(1.0, 3), (3.0, 3), (5.0, 3), (7.0, 3), (9.0, 3), (11.0, 3), (13.0, 1)]
+    agreement = compare(real, sim, initial=1, interval_s=2.0)
+    assert agreement.real_moments == {"up": 1.0, "down": 11.0}
+    assert agreement.sim_moments == {"up": 1.0, "down": 13.0}
+    assert agreement.ok, agreement.table()
+    # alone, a timeline's scale-down is the first fall below its own peak
+    assert scale_moments(real, initial=1)["down"] == 7.0
+    # a simulated scale-down three intervals after the real one still disagrees
+    late = [(1.0, 3), (3.0, 3), (5.0, 3), (7.0, 3), (9.0, 3), (11.0, 3), (13.0, 3), (15.0, 3), (17.0, 1)]
+    real_longer = real + [(15.0, 1), (17.0, 1)]
+    assert compare(real_longer, late, initial=1, interval_s=2.0).problems()[-1] == (
+        "scale-down: real at 11.0s, simulated at 17.0s (more than 4s apart)")

@@ -277,10 +277,15 @@ def engine_thread_nices(server: ServerProcess) -> list[int]:
 
 
 def test_five_load_unload_cycles_do_not_grow_rss(pool):
-    """Each round loads and evicts every model once; RSS after round 5 is within 10% of one model of round 1."""
+    """Each round loads and evicts every model once; RSS after round 5 is within 10% of one model of round 1.
+
+    Two rounds come first, unmeasured: after the first, each request finds its model evicted one round
+    before; the second lets the allocator settle (a clean-clone CI run grew 5 MiB from its first measured
+    round to its second and not at all after: [1379, 1384, 1385, 1385, 1385] MiB). A leak grows every round."""
     order = ("tiny", "small", "big")
-    for name in order:  # from here on, each request finds its model evicted one round before
-        ask(pool, name, max_tokens=2)
+    for _ in range(2):
+        for name in order:
+            ask(pool, name, max_tokens=2)
     rss = []
     for _ in range(5):
         before = evictions(pool)
