@@ -71,6 +71,6 @@ def test_the_scale_down_counts_from_the_lower_peak():
     assert scale_moments(real, initial=1)["down"] == 7.0
     # a simulated scale-down three intervals after the real one still disagrees
     late = [(1.0, 3), (3.0, 3), (5.0, 3), (7.0, 3), (9.0, 3), (11.0, 3), (13.0, 3), (15.0, 3), (17.0, 1)]
-    real_longer = real + [(15.0, 1), (17.0, 1)]
+    real_longer = [*real, (15.0, 1), (17.0, 1)]
     assert compare(real_longer, late, initial=1, interval_s=2.0).problems()[-1] == (
         "scale-down: real at 11.0s, simulated at 17.0s (more than 4s apart)")
