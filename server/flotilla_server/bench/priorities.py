@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import multiprocessing
+import os
 import re
 import sys
 import time
@@ -35,6 +36,7 @@ from typing import Any
 
 from flotilla_contract.classes import BATCH, INTERACTIVE
 
+from flotilla_server.bench.cpu_use import cores_used, descendants, snapshot
 from flotilla_server.bench.priorities_report import (
     CASES,
     SHARE_WEIGHTS,
@@ -47,7 +49,7 @@ from flotilla_server.bench.priorities_report import (
     plot,
     summarise,
 )
-from flotilla_server.bench.tiny_server import StartFailed, tiny_server
+from flotilla_server.bench.tiny_server import StartFailed, TinyServer, tiny_server
 
 SLOTS = 16
 SERVER_FLAGS = ("--max-num-seqs", str(SLOTS), "--max-model-len", "512")
@@ -196,7 +198,17 @@ def _probe_main(port: int, loads: list[Load], t0: float, window: tuple[float, fl
     out.put(_loop_run(_open_loads(port, loads, t0, window, interval_s, drain_s)))
 
 
-async def drive(port: int, arm: Arm, a: argparse.Namespace) -> tuple[list[Rec], tuple[float, float], dict]:
+async def _cores_over(window: tuple[float, float], t0: float, groups: dict[str, list[int]]) -> dict[str, float]:
+    """The mean cores each group of processes used over the window (cpu_use.py)."""
+    await asyncio.sleep(max(0.0, window[0] - (time.perf_counter() - t0)))
+    before, start = snapshot(groups), time.perf_counter()
+    await asyncio.sleep(max(0.0, window[1] - (time.perf_counter() - t0)))
+    return cores_used(before, snapshot(groups), time.perf_counter() - start)
+
+
+async def drive(server: TinyServer, arm: Arm, a: argparse.Namespace) -> tuple[list[Rec], tuple[float, float], dict,
+                                                                               dict]:
+    port = server.port
     await _post(port, Load("warm-up", "open", 1, 4, chat=True).payload(), Rec("warm-up", 0.0), 0.0, (0.0, 0.0))
     closed = [load for load in arm.loads if load.mode == "closed"]
     opens = [load for load in arm.loads if load.mode == "open"]
@@ -212,6 +224,9 @@ async def drive(port: int, arm: Arm, a: argparse.Namespace) -> tuple[list[Rec], 
         probe.start()
     clients = [asyncio.create_task(_closed(port, load, recs, t0, window, stop, a.retry_s))
                for load in closed for _ in range(load.n)]
+    groups = {"server_http": [server.pid], "server_engine": descendants(server.pid), "load_closed": [os.getpid()],
+              "load_open": [probe.pid] if probe is not None else []}
+    cores = asyncio.create_task(_cores_over(window, t0, groups))
     if probe is not None:
         recs += await asyncio.to_thread(results.get, True, window[1] + a.drain_s + 120)
         await asyncio.to_thread(probe.join, 30)
@@ -223,7 +238,7 @@ async def drive(port: int, arm: Arm, a: argparse.Namespace) -> tuple[list[Rec], 
     for task in clients:
         task.cancel()
     await asyncio.gather(*clients, return_exceptions=True)
-    return recs, window, await _class_metrics(port)
+    return recs, window, await _class_metrics(port), await cores
 
 
 def _loop_run(coro: Coroutine) -> Any:
@@ -245,12 +260,13 @@ def run_arms(names: list[str], arms: dict[str, Arm], a: argparse.Namespace) -> t
             start = time.perf_counter()
             try:
                 with tiny_server(*SERVER_FLAGS, *arms[name].flags) as server:
-                    recs, window, metrics = _loop_run(drive(server.port, arms[name], a))
+                    recs, window, metrics, cores = _loop_run(drive(server, arms[name], a))
             except StartFailed as e:
                 failed[name] = str(e)
                 print(f"arm {name}: {e}", flush=True)
                 continue
-            summary = summarise(recs, window) | {"server_metrics": metrics, "wall_s": time.perf_counter() - start}
+            summary = summarise(recs, window) | {f"cores_{k}": v for k, v in cores.items()} | {
+                "server_metrics": metrics, "wall_s": time.perf_counter() - start}
             runs[name].append(summary)
             print(f"run {i + 1}/{a.runs} {name} ({summary['wall_s']:.0f} s): {brief(summary)}", flush=True)
             if not metrics and any(load.cls or load.tenant for load in arms[name].loads):

@@ -102,9 +102,10 @@ def weighted_share(weights: dict[str, float]) -> float:
 def brief(s: dict[str, Any]) -> str:
     """One line of an arm's run, per load."""
     loads = sorted({k.split(".")[0] for k in s if "." in k})
+    cores = ", ".join(f"{k.removeprefix('cores_')} {v:.2f}" for k, v in s.items() if k.startswith("cores_") and v)
     return "; ".join(f"{x}: TTFT p95 {s[f'{x}.ttft_p95_ms']:.0f} ms ({s[f'{x}.ttft_samples']}), "
                      f"{s[f'{x}.tokens_per_s']:.0f} tok/s, {s[f'{x}.refused']} refused {s[f'{x}.codes'] or ''}"
-                     for x in loads)
+                     for x in loads) + (f"; cores: {cores}" if cores else "")
 
 
 def _row(label: str, value: Any, target: str = "", met: bool | None = None) -> dict[str, Any]:
