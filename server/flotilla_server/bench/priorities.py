@@ -7,8 +7,10 @@ being written to the first SSE chunk holding a token; tokens/s over a measuremen
 `--samples` x `--interval-s` seconds (after `--warmup-s` when closed-loop load runs beside).
 
 Loads: open (one request every --interval-s) or closed (N clients back to back, each waiting
---retry-s after a refusal). Beside closed loads the open ones run in a process of their own, so that the
-probe's latencies never wait on the flood's event loop. Batch requests carry `X-Flotilla-Class: batch`, tenants `X-Flotilla-Tenant`.
+--retry-s × (1 ± --retry-jitter) after a refusal). The closed loads run in a process of their own at `--load-nice` (default 10),
+so that on a small host the flood's client work yields the cores to the server, as a client on another
+machine would; beside them the open ones run in another, so that the probe's latencies never wait on the
+flood's event loop. Batch requests carry `X-Flotilla-Class: batch`, tenants `X-Flotilla-Tenant`.
 - flood: interactive chat (16 tokens, one every 0.1 s) alone (`idle`), beside --flood closed-loop batch
   clients of 256 tokens (more than slots + queue) unmarked (`fifo`, today's single queue) or marked (`classes`);
 - throughput: the marked flood alone (`batch_alone`) against the same beside the chat (`classes`);
@@ -26,6 +28,8 @@ import contextlib
 import json
 import multiprocessing
 import os
+import queue
+import random
 import re
 import sys
 import time
@@ -145,14 +149,14 @@ async def _post(port: int, payload: bytes, rec: Rec, t0: float, window: tuple[fl
 
 
 async def _closed(port: int, load: Load, recs: list[Rec], t0: float, window: tuple[float, float],
-                  stop: asyncio.Event, retry_s: float) -> None:
-    payload = load.payload()
+                  stop: asyncio.Event, retry_s: float, jitter: float) -> None:
+    payload, rng = load.payload(), random.Random()
     while not stop.is_set():
         rec = Rec(load.name, time.perf_counter() - t0)
         recs.append(rec)
         await _post(port, payload, rec, t0, window)
         if rec.status != 200 or rec.code:
-            await asyncio.sleep(retry_s)
+            await asyncio.sleep(retry_s * (1.0 + jitter * (2.0 * rng.random() - 1.0)))
 
 
 async def _open(port: int, load: Load, recs: list[Rec], t0: float, window: tuple[float, float],
@@ -198,6 +202,37 @@ def _probe_main(port: int, loads: list[Load], t0: float, window: tuple[float, fl
     out.put(_loop_run(_open_loads(port, loads, t0, window, interval_s, drain_s)))
 
 
+async def _closed_loads(port: int, loads: list[Load], t0: float, window: tuple[float, float], retry_s: float,
+                        jitter: float, stop: Any) -> list[Rec]:
+    recs: list[Rec] = []
+    done = asyncio.Event()
+    clients = [asyncio.create_task(_closed(port, load, recs, t0, window, done, retry_s, jitter))
+               for load in loads for _ in range(load.n)]
+    await asyncio.to_thread(stop.wait)
+    done.set()
+    for task in clients:
+        task.cancel()
+    await asyncio.gather(*clients, return_exceptions=True)
+    return recs
+
+
+def _flood_main(port: int, loads: list[Load], t0: float, window: tuple[float, float], retry_s: float,
+                jitter: float, nice: int, stop: Any, out: Any) -> None:
+    """The closed loads in a process of their own, at `nice`: on a host of two cores the flood's own client
+    work would otherwise take CPU from the server it measures, which a client on another machine does not."""
+    os.nice(nice)
+    out.put(_loop_run(_closed_loads(port, loads, t0, window, retry_s, jitter, stop)))
+
+
+def _results(out: Any, proc: Any) -> list[Rec]:
+    """A load process's records, once it sends them; an error naming its exit status if it dies first."""
+    while True:
+        with contextlib.suppress(queue.Empty):
+            return out.get(timeout=1.0)
+        if not proc.is_alive():
+            raise RuntimeError(f"a load process exited with status {proc.exitcode} before sending its records")
+
+
 async def _cores_over(window: tuple[float, float], t0: float, groups: dict[str, list[int]]) -> dict[str, float]:
     """The mean cores each group of processes used over the window (cpu_use.py)."""
     await asyncio.sleep(max(0.0, window[0] - (time.perf_counter() - t0)))
@@ -215,29 +250,35 @@ async def drive(server: TinyServer, arm: Arm, a: argparse.Namespace) -> tuple[li
     w0 = a.warmup_s if closed else 0.0
     window = (w0, w0 + a.samples * a.interval_s)
     recs: list[Rec] = []
-    stop, t0 = asyncio.Event(), time.perf_counter()
-    probe = results = None
+    t0 = time.perf_counter()
+    ctx = multiprocessing.get_context("spawn")
+    probe = results = flood = flood_out = None
+    stop_flood = ctx.Event()
     if opens and closed:  # the probe apart from the pressure (a closed flood keeps one loop busy)
-        ctx = multiprocessing.get_context("spawn")
         results = ctx.Queue()
         probe = ctx.Process(target=_probe_main, args=(port, opens, t0, window, a.interval_s, a.drain_s, results))
         probe.start()
-    clients = [asyncio.create_task(_closed(port, load, recs, t0, window, stop, a.retry_s))
-               for load in closed for _ in range(load.n)]
-    groups = {"server_http": [server.pid], "server_engine": descendants(server.pid), "load_closed": [os.getpid()],
-              "load_open": [probe.pid] if probe is not None else []}
+    if closed:
+        flood_out = ctx.Queue()
+        flood = ctx.Process(target=_flood_main,
+                            args=(port, closed, t0, window, a.retry_s, a.retry_jitter, a.load_nice, stop_flood,
+                                  flood_out))
+        flood.start()
+    groups = {"server_http": [server.pid], "server_engine": descendants(server.pid),
+              "load_closed": [flood.pid] if flood is not None else [],
+              "load_open": [probe.pid] if probe is not None else [os.getpid()]}
     cores = asyncio.create_task(_cores_over(window, t0, groups))
     if probe is not None:
-        recs += await asyncio.to_thread(results.get, True, window[1] + a.drain_s + 120)
+        recs += await asyncio.to_thread(_results, results, probe)
         await asyncio.to_thread(probe.join, 30)
     elif opens:
         recs += await _open_loads(port, opens, t0, window, a.interval_s, a.drain_s)
     else:
         await asyncio.sleep(window[1] - (time.perf_counter() - t0))
-    stop.set()
-    for task in clients:
-        task.cancel()
-    await asyncio.gather(*clients, return_exceptions=True)
+    if flood is not None:
+        stop_flood.set()
+        recs += await asyncio.to_thread(_results, flood_out, flood)
+        await asyncio.to_thread(flood.join, 30)
     return recs, window, await _class_metrics(port), await cores
 
 
@@ -294,6 +335,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tenant-flood", type=int, default=64, help="Tenant A's closed-loop clients when it floods.")
     p.add_argument("--warmup-s", type=float, help="Closed-loop load before the window opens (default 3).")
     p.add_argument("--retry-s", type=float, default=0.2, help="A closed-loop client's pause after a refusal.")
+    p.add_argument("--retry-jitter", type=float, default=0.5,
+                   help="Spread each pause after a refusal uniformly over --retry-s x (1 ± this), as independent "
+                        "clients' retries spread (0: every refused client retries in step, in bursts).")
+    p.add_argument("--load-nice", type=int, default=10,
+                   help="Niceness of the closed-loop clients' process, so that on a small host the flood's client "
+                        "work yields the cores to the server it loads, as a client on another machine would "
+                        "(0: they compete as equals). The open-loop probe keeps the bench's own priority.")
     p.add_argument("--drain-s", type=float, default=90.0, help="Longest wait for open-loop requests after the window.")
     p.add_argument("--json", type=Path, help="Write every run, the medians and the cases' rows here.")
     p.add_argument("--plot", type=Path, help="Write a PNG: interactive TTFT CDFs, then bars of the other cases.")
