@@ -33,6 +33,12 @@ def replicas(fleet: Fleet, name: str) -> int:
     return fleet.k8s.get(*IM, name, "default")["spec"]["replicas"]
 
 
+def woken_at(fleet: Fleet, kind: tuple, name: str) -> str:
+    """The woken-at stamp on an InferenceModel or ModelPool, "" before a gateway writes it."""
+    annotations = fleet.k8s.get(*kind, name, "default")["metadata"].get("annotations") or {}
+    return annotations.get("flotilla.dev/woken-at", "")
+
+
 def held(url: str, model: str) -> float:
     for line in httpx.get(url + "/metrics").text.splitlines():
         if line.startswith(f'flotilla_gateway_requests_held{{model="{model}"'):
@@ -60,8 +66,7 @@ def test_held_requests_wake_the_model_and_complete(fleet: Fleet) -> None:
                       if line.startswith('flotilla_gateway_oldest_held_seconds{model="sleepy"'))
         assert float(oldest.rsplit(" ", 1)[1]) > 0.2
         assert replicas(fleet, "sleepy") == 1  # woken at once, before any pod exists
-        meta = fleet.k8s.get(*IM, "sleepy", "default")["metadata"]
-        assert meta["annotations"]["flotilla.dev/woken-at"].endswith("Z")
+        await asyncio.to_thread(wait, lambda: woken_at(fleet, IM, "sleepy").endswith("Z"), 10, "stamped")
         state = fleet.pods.start(address)
         state.load = {"waiting": 0, "slots": 2, "queue_capacity": 3, "kv_usage": 0.0}
         state.first_byte_delay_s = 0.2
@@ -202,8 +207,8 @@ def test_members_of_a_pool_at_zero_are_held_and_wake_the_pool_once(fleet: Fleet)
     async def two_members() -> list[httpx.Response]:
         sending = asyncio.gather(post_all(fleet.gateway.url, "nap-a", 3), post_all(fleet.gateway.url, "nap-b", 3))
         await asyncio.to_thread(wait, lambda: pool_replicas() == 1, 10, "the pool woken")
-        annotations = fleet.k8s.get(*MP, "napping", "default")["metadata"]["annotations"]
-        assert annotations["flotilla.dev/woken-at"].endswith("Z")
+        # the stamp is a second write after the scale write: wait for it rather than race it
+        await asyncio.to_thread(wait, lambda: woken_at(fleet, MP, "napping").endswith("Z"), 10, "the pool stamped")
         assert [replicas(fleet, m) for m in ("nap-a", "nap-b")] == [1, 1]  # the members' own scale is untouched
         publish(fleet.k8s, "napping-pool", [address], fleet.pods.port)  # the pool's Service is NAME-pool
         return [r for batch in await sending for r in batch]
@@ -244,8 +249,7 @@ def test_the_charts_cluster_role_allows_every_request_of_the_gateway(fleet: Flee
 
     asyncio.run(both())
     for kind, name in ((IM, "audited"), (MP, "audited")):
-        wait(lambda kind=kind, name=name: "flotilla.dev/woken-at" in
-             (fleet.k8s.get(*kind, name, "default")["metadata"].get("annotations") or {}))
+        wait(lambda kind=kind, name=name: woken_at(fleet, kind, name) != "")
     (role,) = [r for r in by_kind(render("default"), "ClusterRole") if r["metadata"]["name"].endswith("-gateway")]
     requests = {(e.verb, e.group, e.resource) for e in fleet.k8s.emulator.audit if e.user_agent == "flotilla-gateway"}
     assert {("patch", "flotilla.dev", "inferencemodels/scale"), ("patch", "flotilla.dev", "inferencemodels"),

@@ -3,7 +3,7 @@
 On a machine of two cores the server, its engine process and the load generators share them; a latency
 that moves between arms may be the server's policy or only a load generator taking a core. Each arm
 records, for its measurement window, the CPU seconds of the server's HTTP process, of its descendants
-(the engine process), and of the load generators. Linux only; elsewhere the figures are empty.
+(the engine process), and of the load generators. Linux only: without /proc every figure reads 0.
 """
 
 from __future__ import annotations

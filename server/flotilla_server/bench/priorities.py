@@ -7,9 +7,9 @@ being written to the first SSE chunk holding a token; tokens/s over a measuremen
 `--samples` x `--interval-s` seconds (after `--warmup-s` when closed-loop load runs beside).
 
 Loads: open (one request every --interval-s) or closed (N clients back to back, each waiting
---retry-s × (1 ± --retry-jitter) after a refusal). The closed loads run in a process of their own at `--load-nice` (default 10),
-so that on a small host the flood's client work yields the cores to the server, as a client on another
-machine would; beside them the open ones run in another, so that the probe's latencies never wait on the
+--retry-s × (1 ± --retry-jitter) after a refusal). The closed loads run in a process of their own at
+`--load-nice` (default 10), so that on a small host the flood's client work yields the cores to the server,
+as a client on another machine would; beside them the open ones run in another, so that the probe's latencies never wait on the
 flood's event loop. Batch requests carry `X-Flotilla-Class: batch`, tenants `X-Flotilla-Tenant`.
 - flood: interactive chat (16 tokens, one every 0.1 s) alone (`idle`), beside --flood closed-loop batch
   clients of 256 tokens (more than slots + queue) unmarked (`fifo`, today's single queue) or marked (`classes`);
