@@ -18,7 +18,6 @@ import time
 
 import torch
 from flotilla_contract.classes import BATCH
-
 from flotilla_server.engine.config import EngineConfig
 from flotilla_server.engine.core import EngineCore
 from flotilla_server.engine.sampling_params import SamplingParams
