@@ -13,7 +13,8 @@ as a client on another machine would; beside them the open ones run in another, 
 flood's event loop. Batch requests carry `X-Flotilla-Class: batch`, tenants `X-Flotilla-Tenant`.
 - flood: interactive chat (16 tokens, one every 0.1 s) alone (`idle`), beside --flood closed-loop batch
   clients of 256 tokens (more than slots + queue) unmarked (`fifo`, today's single queue) or marked (`classes`);
-- throughput: the marked flood alone (`batch_alone`) against the same beside the chat (`classes`);
+- throughput: the marked flood alone (`batch_alone`) against the same beside a light chat, one every
+  --light-interval-s (`light`), and beside the flood case's chat (`classes`, for reference);
 - share: 32 closed-loop interactive clients beside 32 batch ones, 64 tokens each, with the default
   weights (`share_8_1`) and with `--class-weights interactive=3,batch=1` (`share_3_1`);
 - tenants: `--tenant-max-running 8 --tenant-max-queued 8`; tenant B's chat every 0.1 s beside tenant A
@@ -69,6 +70,7 @@ class Load:
     chat: bool = False  # /v1/chat/completions, else /v1/completions
     cls: str | None = None  # X-Flotilla-Class
     tenant: str | None = None  # X-Flotilla-Tenant
+    interval_s: float | None = None  # open: seconds between requests; None: --interval-s
 
     def payload(self) -> bytes:
         body: dict[str, Any] = {"model": "tiny", "max_tokens": self.max_tokens, "ignore_eos": True, "stream": True}
@@ -91,6 +93,9 @@ class Arm:
 
 def build_arms(a: argparse.Namespace) -> dict[str, Arm]:
     chat = Load(INTERACTIVE, "open", a.samples, a.chat_tokens, chat=True)
+    # the same window as every arm's (samples x --interval-s), one request every --light-interval-s
+    light = replace(chat, n=max(1, round(a.samples * a.interval_s / a.light_interval_s)),
+                    interval_s=a.light_interval_s)
     flood = Load(BATCH, "closed", a.flood, a.batch_tokens, cls=BATCH)
     share = (Load(INTERACTIVE, "closed", a.share_concurrency, a.closed_tokens),
              Load(BATCH, "closed", a.share_concurrency, a.closed_tokens, cls=BATCH))
@@ -107,6 +112,7 @@ def build_arms(a: argparse.Namespace) -> dict[str, Arm]:
         "fifo": Arm((), (chat, replace(flood, cls=None))),
         "classes": Arm((), (chat, flood)),
         "batch_alone": Arm((), (flood,)),
+        "light": Arm((), (light, flood)),
         "share_8_1": Arm((), share),  # the defaults: 8:1
         "share_3_1": Arm(weights("share_3_1"), share),
         "tenant_flood": Arm(caps, (b, tenant_a)),
@@ -162,6 +168,7 @@ async def _closed(port: int, load: Load, recs: list[Rec], t0: float, window: tup
 async def _open(port: int, load: Load, recs: list[Rec], t0: float, window: tuple[float, float],
                 interval_s: float) -> None:
     payload, sent = load.payload(), []
+    interval_s = load.interval_s or interval_s
     for i in range(load.n):
         delay = window[0] + i * interval_s - (time.perf_counter() - t0)
         if delay > 0:
@@ -325,6 +332,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, help="Open-loop requests per arm; the window is samples x interval "
                                                "(default 200).")
     p.add_argument("--interval-s", type=float, default=0.1, help="Open-loop interarrival time.")
+    p.add_argument("--light-interval-s", type=float, default=0.5,
+                   help="Interarrival time of the throughput case's light chat (arm light): over the same window, "
+                        "so samples x interval-s / this many requests.")
     p.add_argument("--chat-tokens", type=int, default=16, help="Tokens of each interactive chat request.")
     p.add_argument("--flood", type=int, default=150, help="Closed-loop batch clients (flood, throughput).")
     p.add_argument("--batch-tokens", type=int, help="Tokens of each flood request (default 256).")
