@@ -282,7 +282,8 @@ async def drive(server: TinyServer, arm: Arm, a: argparse.Namespace) -> tuple[li
         recs += await _open_loads(port, opens, t0, window, a.interval_s, a.drain_s)
     else:
         await asyncio.sleep(window[1] - (time.perf_counter() - t0))
-    if flood is not None:
+    if flood is not None:  # the flood runs to the window's end, whenever the open loads finished
+        await asyncio.sleep(max(0.0, window[1] - (time.perf_counter() - t0)))
         stop_flood.set()
         recs += await asyncio.to_thread(_results, flood_out, flood)
         await asyncio.to_thread(flood.join, 30)
