@@ -169,16 +169,18 @@ def case_rows(case: str, med: dict[str, dict[str, float]], runs: dict[str, list[
         alone = m("batch_alone", "batch.tokens_per_s")
         rows.append(_row("batch output tokens/s, alone / beside the light chat / beside the flood's chat",
                          [alone, m("light", "batch.tokens_per_s"), m("classes", "batch.tokens_per_s")]))
-        for arm in ("light", "classes"):
+        def paired(arm: str) -> tuple[float, dict[str, Any]]:
+            """The median of `arm`'s pairs with batch_alone, and the row listing each pair."""
             pairs = paired_ratios(runs, arm, "batch_alone", "batch.tokens_per_s")
-            r = statistics.median(pairs) if pairs else math.nan
-            if arm == "light":
-                rows.append(_row("light / alone, median of each run's pair", r, f">= {THROUGHPUT_RATIO_MIN}",
-                                 check(r, r >= THROUGHPUT_RATIO_MIN)))
-            else:
-                rows.append(_row("for reference: classes (the flood's chat) / alone, median of each run's pair", r))
-            rows.append(_row(f"{arm} / alone, each run's pair; ratio of the medians",
-                             [*pairs, _ratio(m(arm, "batch.tokens_per_s"), alone)]))
+            return (statistics.median(pairs) if pairs else math.nan,
+                    _row(f"{arm} / alone, each run's pair; ratio of the medians",
+                         [*pairs, _ratio(m(arm, "batch.tokens_per_s"), alone)]))
+
+        r, each = paired("light")
+        rows += [_row("light / alone, median of each run's pair", r, f">= {THROUGHPUT_RATIO_MIN}",
+                      check(r, r >= THROUGHPUT_RATIO_MIN)), each]
+        r, each = paired("classes")
+        rows += [_row("for reference: classes (the flood's chat) / alone, median of each run's pair", r), each]
         rows.append(_row("for reference: fifo (unmarked, no reserve) batch tokens/s", m("fifo", "batch.tokens_per_s")))
     elif case == "share":
         for arm, weights in SHARE_WEIGHTS.items():

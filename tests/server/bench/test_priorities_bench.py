@@ -193,7 +193,7 @@ def test_the_throughput_target_pairs_each_runs_arms_so_drift_between_runs_cancel
     runs = {"batch_alone": [{"batch.tokens_per_s": 1000.0}, {"batch.tokens_per_s": 2000.0},
                             {"batch.tokens_per_s": 1900.0}],
             "light": [{"batch.tokens_per_s": 850.0}, {"batch.tokens_per_s": 1700.0},
-                        {"batch.tokens_per_s": 1000.0}]}
+                      {"batch.tokens_per_s": 1000.0}]}
     assert paired_ratios(runs, "light", "batch_alone", "batch.tokens_per_s") == pytest.approx([0.85, 0.85, 1000 / 1900])
     rows = {r["label"]: r for r in case_rows("throughput", {a: medians(r) for a, r in runs.items()}, runs, 200)}
     assert rows["light / alone, median of each run's pair"]["met"] is True
