@@ -19,7 +19,7 @@ from flotilla_contract.load import LOAD_PATH, ServerLoad
 from pydantic import ValidationError
 
 from flotilla_gateway.residency import Residence
-from flotilla_gateway.routing import PodView
+from flotilla_gateway.routing import STALE_AFTER_S, PodView
 
 DEFAULT_POLL_INTERVAL_S = 0.25
 SENT_GRACE_S = 10.0  # a queued 1,024-token prefill on a busy CPU server takes seconds
@@ -104,7 +104,9 @@ class LoadBoard:
 
     async def _poll(self, session: aiohttp.ClientSession, pods: Callable[[], set[str]],
                     on_update: Callable[[], None]) -> None:
-        timeout = aiohttp.ClientTimeout(total=max(0.2, 2 * self.poll_interval_s))
+        # a read is worth its wait up to half the staleness bound: a report that slow is still fresh, and a busy
+        # server's answer (2 cores under load: past 0.2 s) must not be dropped round after round until it is stale
+        timeout = aiohttp.ClientTimeout(total=max(STALE_AFTER_S / 2, 2 * self.poll_interval_s))
         while True:
             addresses = pods()
             for gone in set(self.reports) - addresses:
