@@ -6,13 +6,14 @@
 # directory; it may predate `flotilla-bench steps`, so this checkout's profile module is copied into it (the
 # profile reads the engine's step records only, and reports 0 for parts an older engine does not time).
 # Prints each round's decode tokens/s and the median ratio; the JSON of every run stays in the output folder.
+# DTYPE=bfloat16 (default float32) runs both commits in that dtype.
 set -euo pipefail
 
 if [ $# -lt 1 ]; then
-  echo "usage: $0 BASE_COMMIT [ROUNDS] [OUT_DIR]   (for example: $0 08bd594 3 bench-results/single-stream)" >&2
+  echo "usage: [DTYPE=bfloat16] $0 BASE_COMMIT [ROUNDS] [OUT_DIR]   (for example: $0 08bd594 3 bench-results/single-stream)" >&2
   exit 2
 fi
-readonly BASE=$1 ROUNDS=${2:-3}
+readonly BASE=$1 ROUNDS=${2:-3} DTYPE=${DTYPE:-float32}
 OUT=$(realpath -m "${3:-bench-results/single-stream}")  # absolute: each profile runs inside its own tree
 readonly OUT
 readonly ROOT=$(git rev-parse --show-toplevel)
@@ -25,11 +26,11 @@ mkdir -p "$OUT"
 
 profile() {  # TREE JSON
   local t=$1
-  (cd "$t" && PYTHONPATH="$t/contract:$t/server" OMP_WAIT_POLICY=PASSIVE "$PY" -c '
+  (cd "$t" && PYTHONPATH="$t/contract:$t/server" OMP_WAIT_POLICY=PASSIVE GOMP_SPINCOUNT=10000 "$PY" -c '
 import argparse, sys
 from flotilla_server.bench import step_profile as s
 p = argparse.ArgumentParser(); s.add_arguments(p); sys.exit(s.run(p.parse_args(sys.argv[1:])))' \
-    --model llama-100m --batch 1 --batch 16 --steps 24 --json "$2" >/dev/null 2>&1)
+    --model llama-100m --batch 1 --batch 16 --steps 24 --dtype "$DTYPE" --json "$2" >/dev/null 2>&1)
 }
 
 for i in $(seq 1 "$ROUNDS"); do
@@ -37,9 +38,9 @@ for i in $(seq 1 "$ROUNDS"); do
   profile "$ROOT" "$OUT/new-$i.json"
 done
 
-"$PY" - "$OUT" "$ROUNDS" <<'EOF'
+"$PY" - "$OUT" "$ROUNDS" "$DTYPE" <<'EOF'
 import json, statistics, sys
-out, rounds = sys.argv[1], int(sys.argv[2])
+out, rounds, dtype = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 runs = {t: [json.load(open(f"{out}/{t}-{i}.json"))["models"]["llama-100m"]["batches"] for i in range(1, rounds + 1)]
         for t in ("base", "new")}
 for batch in runs["new"][0]:
@@ -47,6 +48,6 @@ for batch in runs["new"][0]:
         base = [r[batch][key] for r in runs["base"]]
         new = [r[batch][key] for r in runs["new"]]
         ratios = [n / b for n, b in zip(new, base)]
-        print(f"llama-100m batch {batch} {key}: base {[round(v, 1) for v in base]} new {[round(v, 1) for v in new]} "
+        print(f"llama-100m {dtype} batch {batch} {key}: base {[round(v, 1) for v in base]} new {[round(v, 1) for v in new]} "
               f"ratio per round {[round(v, 2) for v in ratios]} median {statistics.median(ratios):.2f}")
 EOF

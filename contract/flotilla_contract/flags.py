@@ -27,6 +27,7 @@ DEFAULT_POOL_KV_CACHE_MEMORY = "256Mi"  # each loaded model's fixed KV pool, cou
 DEFAULT_LOAD_TIMEOUT_S = 120.0
 DEFAULT_MIN_RESIDENCY_S = 60.0
 DTYPES = ("float32", "bfloat16", "float16")
+SMALL_STEP_MAX_ROWS = 4  # a step of at most this many rows may borrow the HTTP core (--small-step-threads)
 ENGINE_MODES = ("process", "inprocess")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 PREFIX_CACHING = ("on", "off")
@@ -120,6 +121,10 @@ SERVER_FLAGS: tuple[Flag, ...] = (
     Flag("--prefix-caching", "prefix_caching", "str", "on",
          "Reuse the KV blocks of prompts' common prefixes (system prompts, earlier turns): on or off."),
     Flag("--dtype", "dtype", "str", "float32", f"Weights and KV-cache dtype: {', '.join(DTYPES)}."),
+    Flag("--small-step-threads", "small_step_threads", "int", None,
+         f"CPU threads an engine step of at most {SMALL_STEP_MAX_ROWS} rows may run on, borrowing the core otherwise left "
+         "to HTTP (such a step reads every weight for a few rows: memory-bound); the engine measures both counts "
+         "and runs the faster. Default: every core; 0: such steps keep the engine's own count."),
     Flag("--device", "device", "str", "cpu", "cpu or cuda[:N]."),
     Flag("--max-body-bytes", "max_body_bytes", "bytes", DEFAULT_MAX_BODY_BYTES,
          "Largest request body accepted; larger gets 413."),

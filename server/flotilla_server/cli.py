@@ -24,6 +24,7 @@ from flotilla_server.cli_errors import (
     given_on_command_line,
     name_sources,
 )
+from flotilla_server.engine.openmp_env import set_openmp_defaults
 from flotilla_server.http.settings import ServerSettings
 
 __all__ = ["ServerSettings", "build_parser", "env_var", "main", "parse_bytes", "parse_settings"]
@@ -110,13 +111,7 @@ def _refuse(message: str, argv: Sequence[str] | None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
-    # Before torch loads OpenMP: threads that spin while waiting burn the CPU a co-tenant (or a pod's CPU
-    # quota) needs; measured on a shared 2-core box, a 64-sequence decode step took 0.9 s spinning vs 9 ms
-    # passive. An operator who owns the cores can still set OMP_WAIT_POLICY=ACTIVE.
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    # One core is left to the event loop (HTTP, SSE): on 2 cores, torch on both made 64 streaming clients
-    # 25 % slower (3.9k against 5.1k output tokens/s on tiny), the engine and the loop fighting for a core.
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) - 1)))
+    set_openmp_defaults(leave_a_core=True)  # before torch loads OpenMP
     # heavy imports (torch) only once the flags are valid
     from flotilla_server.engine.client import EngineStartError
     from flotilla_server.engine.factory import build_engine

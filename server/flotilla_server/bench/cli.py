@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
+
+from flotilla_server.engine.openmp_env import set_openmp_defaults
 
 COMMANDS = {
     "offline": ("flotilla_server.bench.offline",
@@ -42,8 +43,7 @@ class _DefaultsShown(argparse.HelpFormatter):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    # before torch loads: spinning OpenMP threads slow every mode several-fold on a shared CPU
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    set_openmp_defaults(leave_a_core=False)  # before torch loads OpenMP; the bench's threads are --threads
     parser = argparse.ArgumentParser(prog="flotilla-bench", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     chosen = next((a for a in argv if not a.startswith("-")), None)

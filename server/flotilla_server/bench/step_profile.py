@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from flotilla_contract.flags import DEFAULT_BLOCK_SIZE
+from flotilla_contract.flags import DEFAULT_BLOCK_SIZE, DTYPES
 
 from flotilla_server.bench.workloads import build_model, num_parameters
 from flotilla_server.engine.config import EngineConfig
@@ -81,13 +81,13 @@ def _forward_timers(timers: _Timers) -> Iterator[None]:
             setattr(owner, attr, fn)
 
 
-def _decode_engine(loaded: LoadedModel, name: str, batch: int, context: int,
-                   steps: int) -> tuple[EngineCore, list[StepRecord]]:
+def _decode_engine(loaded: LoadedModel, name: str, batch: int, context: int, steps: int,
+                   dtype: str) -> tuple[EngineCore, list[StepRecord]]:
     """An engine with `batch` sequences past their prefill, each with room for `steps` more tokens
     (twice: plain and split) plus warm-up steps; and the list its step records go to."""
     blocks_per_seq = -(-(context + 2 * steps + 16) // DEFAULT_BLOCK_SIZE) + 1
     config = EngineConfig(model=name, max_num_seqs=batch, max_num_batched_tokens=max(2048, context, batch),
-                          num_kv_blocks=batch * blocks_per_seq)
+                          num_kv_blocks=batch * blocks_per_seq, dtype=dtype)
     engine = EngineCore(config, loaded=loaded)
     vocab = loaded.config.vocab_size
     params = SamplingParams(max_tokens=2 * steps + 12, temperature=0.0, ignore_eos=True)
@@ -133,12 +133,13 @@ def _time_steps(engine: EngineCore, all_records: list[StepRecord], steps: int,
     return out
 
 
-def profile(model: str, batches: list[int], context: int, steps: int, log: Any) -> dict[str, Any]:
-    loaded = build_model(model)
+def profile(model: str, batches: list[int], context: int, steps: int, log: Any,
+            dtype: str = "float32") -> dict[str, Any]:
+    loaded = build_model(model, dtype=dtype)
     log(f"[{model}] {num_parameters(loaded.model) / 1e6:.1f}M parameters")
     out: dict[str, Any] = {"parameters": num_parameters(loaded.model), "batches": {}}
     for batch in batches:
-        engine, records = _decode_engine(loaded, model, batch, context, steps)
+        engine, records = _decode_engine(loaded, model, batch, context, steps, dtype)
         plain = _time_steps(engine, records, steps, None)
         timers = _Timers()
         with _forward_timers(timers):
@@ -169,7 +170,7 @@ def print_table(report: dict[str, Any]) -> None:
                   f"{b['forward_fraction']:8.3f} "
                   + " ".join(f"{v * 1e3:10.3f}" for v in values))
     print("milliseconds per decode step (median); `step` is the plain run, the parts the split run "
-          f"(threads={report['threads']}, context {report['context']}, {report['steps']} steps)")
+          f"(threads={report['threads']}, {report['dtype']}, context {report['context']}, {report['steps']} steps)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -180,6 +181,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--context", type=int, default=128, help="Prompt tokens of each sequence before the timed steps.")
     a("--steps", type=int, default=32, help="Decode steps timed per batch size (each twice: plain and split).")
     a("--threads", type=int, default=1, help="torch CPU threads; 0: torch's own choice.")
+    a("--dtype", choices=DTYPES, default="float32", help="Weights and KV-cache dtype.")
     a("--json", type=Path, default=None, help="Write the figures here as JSON.")
 
 
@@ -195,8 +197,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"{time.perf_counter() - started:7.1f}s {msg}", file=sys.stderr, flush=True)
 
     batches = args.batch or [1, 8, 64]
-    report: dict[str, Any] = {"threads": torch.get_num_threads(), "context": args.context, "steps": args.steps}
-    report["models"] = {m: profile(m, batches, args.context, args.steps, log) for m in args.model or MODELS[:2]}
+    report: dict[str, Any] = {"threads": torch.get_num_threads(), "context": args.context, "steps": args.steps,
+                              "dtype": args.dtype}
+    report["models"] = {m: profile(m, batches, args.context, args.steps, log, args.dtype)
+                        for m in args.model or MODELS[:2]}
     print_table(report)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

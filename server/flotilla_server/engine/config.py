@@ -39,6 +39,8 @@ class EngineConfig:
     batch_max_preemptions: int = DEFAULT_BATCH_MAX_PREEMPTIONS  # slot preemptions of one batch request
     batch_prefill_tokens: int = DEFAULT_BATCH_PREFILL_TOKENS  # batch prefill per step while interactive waits
     batch_share_slots: int = 0  # slots batch work keeps against interactive arrivals (its weighted share)
+    # CPU threads of a step of few sequences (engine/step_threads.py); None: every core of the process; 0: off
+    small_step_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -59,6 +61,8 @@ class EngineConfig:
         if min(self.batch_max_preemptions, self.batch_prefill_tokens, self.batch_share_slots) < 0:
             raise ValueError("batch_max_preemptions, batch_prefill_tokens and batch_share_slots must be >= 0, got "
                              f"{self.batch_max_preemptions}, {self.batch_prefill_tokens}, {self.batch_share_slots}")
+        if self.small_step_threads is not None and self.small_step_threads < 0:
+            raise ValueError(f"small_step_threads must be >= 0 (0: off), got {self.small_step_threads}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
             raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes < 1:

@@ -28,6 +28,7 @@ from flotilla_server.engine.sampling_params import SamplingParams
 from flotilla_server.engine.scheduler import Scheduler, infeasible_reason
 from flotilla_server.engine.sequence import Sequence as Seq
 from flotilla_server.engine.sequence import new_request
+from flotilla_server.engine.step_threads import default_small_step_threads
 from flotilla_server.model import KVCacheTensors, LoadedModel, load_model
 from flotilla_server.model.loader import torch_dtype
 
@@ -75,7 +76,10 @@ class EngineCore:
             self.pool, config.max_num_seqs, config.max_num_batched_tokens, config.prefill_chunk, self.eos_token_ids,
             rules=rules,
         )
-        self.runner = ModelRunner(self.loaded.model, kv, config.device, config.seed)
+        small_step_threads = config.small_step_threads
+        if small_step_threads is None:
+            small_step_threads = default_small_step_threads(config.device)
+        self.runner = ModelRunner(self.loaded.model, kv, config.device, config.seed, small_step_threads)
         self._detokenizers: dict[str, dict[int, IncrementalDetokenizer]] = {}  # request id -> choice -> its own
         self._listeners: list[StepListener] = []
         self._last_step_s = 0.0

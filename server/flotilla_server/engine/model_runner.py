@@ -21,7 +21,9 @@ from flotilla_server.engine.logprobs import token_logprobs
 from flotilla_server.engine.outputs import TokenLogprobs
 from flotilla_server.engine.sampling import make_generator, sample
 from flotilla_server.engine.step_plan import StepPlan
+from flotilla_server.engine.step_threads import SmallStepThreads
 from flotilla_server.model import AttentionBatch, DecoderModel, KVCacheTensors
+from flotilla_server.model.linear import pack_one_row
 
 
 @dataclass(frozen=True)
@@ -35,10 +37,15 @@ class StepResult:
 
 class ModelRunner:
     def __init__(self, model: DecoderModel, kv: KVCacheTensors, device: str | torch.device,
-                 seed: int | None = None) -> None:
+                 seed: int | None = None, small_step_threads: int = 0) -> None:
         self.model = model
         self.kv = kv
         self.device = torch.device(device)
+        # None: every step on the thread's own count (CUDA, or the rule off)
+        self._threads = (SmallStepThreads(torch.get_num_threads(), small_step_threads)
+                         if self.device.type == "cpu" and small_step_threads else None)
+        if self._threads is not None and self._threads.wide > self._threads.own:
+            pack_one_row(model)  # one-row steps split over threads, with the same bits on any count
         self._default_generator = make_generator(secrets.randbits(63) if seed is None else seed, self.device)
         self._generators: dict[tuple[str, int], torch.Generator] = {}  # seeded sequences only, by Sequence.key
 
@@ -58,8 +65,32 @@ class ModelRunner:
             g = self._generators[key] = make_generator((seed + key[1]) % 2**63, self.device)
         return g
 
-    @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepResult:
+        """Run one step, on the threads engine/step_threads.py chooses for it, and report its time back.
+        The thread's count is restored after a step that changed it, so that it stays the engine's own
+        between steps (another runner on this thread, a model loaded later in multi-model mode, reads it
+        as such)."""
+        if self._threads is None:
+            return self._execute(plan)
+        own = torch.get_num_threads()
+        if own != self._threads.own:
+            self._threads = SmallStepThreads(own, self._threads.wide)
+        rows = plan.num_tokens
+        want = self._threads.choose(rows)
+        start = time.perf_counter()
+        if want == own:
+            result = self._execute(plan)
+        else:
+            torch.set_num_threads(want)
+            try:
+                result = self._execute(plan)
+            finally:
+                torch.set_num_threads(own)
+        self._threads.observe(rows, want, time.perf_counter() - start)
+        return result
+
+    @torch.inference_mode()
+    def _execute(self, plan: StepPlan) -> StepResult:
         prepare_start = time.perf_counter()
         input_ids: list[int] = []
         positions: list[int] = []

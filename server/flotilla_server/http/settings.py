@@ -48,6 +48,7 @@ class ServerSettings:
     drain_timeout_s: float = f.DEFAULT_DRAIN_TIMEOUT_S
     prefix_caching: str = "on"
     dtype: str = "float32"
+    small_step_threads: int | None = None
     device: str = "cpu"
     max_body_bytes: int = f.DEFAULT_MAX_BODY_BYTES
     engine_mode: str = "process"
@@ -181,4 +182,5 @@ class ServerSettings:
             dtype=self.dtype, device=self.device, enable_prefix_caching=self.prefix_caching == "on",
             interactive_reserve_slots=self.reserve_slots, batch_max_preemptions=self.batch_max_preemptions,
             batch_prefill_tokens=self.batch_prefill_tokens, batch_share_slots=self.batch_share_slots,
+            small_step_threads=self.small_step_threads,
         )

@@ -1,4 +1,4 @@
-"""Linear layers that run float32 CPU matmuls through oneDNN on a pre-packed weight.
+"""Linear layers that run float32 and bfloat16 CPU matmuls through oneDNN on a pre-packed weight.
 
 On CPU, `F.linear` calls MKL's sgemm, which on AMD processors takes a generic code path: measured on
 the 2-core AMD EPYC (Zen 5) development machine, one thread, a [64, 256] x [256, 1376] matmul took
@@ -6,10 +6,17 @@ the 2-core AMD EPYC (Zen 5) development machine, one thread, a [64, 256] x [256,
 (2.3x, the same from 3 to 2048 rows; the matmuls are ~55 % of a tiny decode step at batch 64).
 The results differ from MKL's by float32 rounding only (~1e-6 relative).
 
+bfloat16 goes to oneDNN inside `F.linear` too, but on the plain weight, which oneDNN then reorders on
+every call. Packed once, it ran faster at every row count: on the 2-core AMD EPYC (Zen 4, AVX512-BF16)
+development machine, llama-100m's 64 matrices took 15.2 against 22.5 ms at one row and 26.6 against
+42.7 ms at 16 rows (one thread), so a bfloat16 decode step reads its half-size weights at about the
+rate float32 reads its own (26.6 ms at one row, column-major).
+
 Rules:
-- the packed path is taken only for float32 CPU inputs of at least `MIN_PACKED_ROWS` rows with grad
-  disabled (the oneDNN op has no autograd); everything else is plain `F.linear` (one row: MKL is a little
-  faster, 26 against 30 us; bfloat16 and float16 already go to oneDNN inside `F.linear`);
+- the packed path is taken only for CPU inputs with grad disabled (the oneDNN op has no autograd):
+  float32 of at least `MIN_PACKED_ROWS` rows (one row too after `pack_one_row`, below), and
+  bfloat16 of any row count where oneDNN has bfloat16 kernels for this CPU; everything else (float16
+  among it) is plain `F.linear`;
 - a packed weight is keyed by the weight's storage, version counter, dtype and device, so a weight that is
   copied into, moved or cast is packed again on its next use;
 - the packed copy doubles the memory of the packed weights (fine for the CPU models this path serves).
@@ -18,7 +25,13 @@ One row (a decode step at batch 1) reads every weight once per token, so its spe
 memory-read rate. A float32 `Linear` on CPU keeps its weight column-major (the same [out, in] parameter,
 stored as the transpose of an [in, out] matrix): `F.linear` then runs MKL's non-transposed matrix-vector
 kernel, which streams the weight row by row into an accumulator that stays in L1. On the development
-machine, over llama-100m's 64 matrices (403 MB), that took 1.1-1.3x less time than the row-major layout.
+machine, over llama-100m's 64 matrices (403 MB), that took 1.1-1.3x less time than the row-major layout,
+and on one thread it is a little faster than the packed path (26 against 30 us for one matrix). But on
+the AMD EPYC (Zen 4) development machine MKL's one-row kernel ran on one thread whatever the count
+(llama-100m's 64 matrices: 22.1 ms on one thread, 22.4 on two) while the packed path splits (26.9 and
+17.9 ms). So a runner whose one-row steps may borrow the HTTP core (engine/step_threads.py) packs one
+row too, on whatever thread count each step runs: both kernels give the same bits on one thread and on
+two, but not each other's, so a step's results must not depend on the count the measurement chose.
 Every other dtype and device keeps the row-major layout: bfloat16 on CPU ran 12x slower column-major.
 The layout follows the weight through `Module.to`, `to_empty` and `.float()` (`Linear._apply`), so
 every loader gets it; the packed path packs from either layout to the same bytes, and the state dict,
@@ -47,12 +60,24 @@ def _onednn_available() -> bool:
 ONEDNN = _onednn_available()
 
 
+def _onednn_bfloat16_available() -> bool:
+    try:
+        return ONEDNN and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+ONEDNN_BFLOAT16 = _onednn_bfloat16_available()
+
+
 class PackedWeight:
-    """One weight's oneDNN-packed copy, repacked when the weight changes."""
+    """One weight's oneDNN-packed copy, repacked when the weight changes; `min_rows`: the fewest float32
+    rows that take it (`pack_one_row` lowers it to 1)."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
         self._packed: torch.Tensor | None = None
+        self.min_rows = MIN_PACKED_ROWS
 
     def get(self, weight: torch.Tensor) -> torch.Tensor:
         try:
@@ -66,22 +91,28 @@ class PackedWeight:
         return self._packed
 
 
-def uses_packed_path(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (
-        ONEDNN
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
-        and x.device.type == "cpu"
-        and weight.device.type == "cpu"
-        and x.dim() == 2
-        and x.shape[0] >= MIN_PACKED_ROWS
-        and not torch.is_grad_enabled()
-    )
+def uses_packed_path(x: torch.Tensor, weight: torch.Tensor, min_rows: int = MIN_PACKED_ROWS) -> bool:
+    if x.dtype != weight.dtype or x.device.type != "cpu" or weight.device.type != "cpu" or x.dim() != 2:
+        return False
+    if torch.is_grad_enabled():
+        return False
+    if x.dtype == torch.float32:
+        return ONEDNN and x.shape[0] >= min_rows
+    return x.dtype == torch.bfloat16 and ONEDNN_BFLOAT16
+
+
+def pack_one_row(module: nn.Module) -> None:
+    """Every packed weight under `module` takes float32 single rows too: for a runner whose one-row steps
+    may run on more than one thread (see the rules)."""
+    for m in module.modules():
+        for value in vars(m).values():
+            if isinstance(value, PackedWeight):
+                value.min_rows = 1
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: PackedWeight) -> torch.Tensor:
     """`F.linear(x, weight, bias)`, through `packed` when `uses_packed_path` allows."""
-    if not uses_packed_path(x, weight):
+    if not uses_packed_path(x, weight, packed.min_rows):
         return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed.get(weight), bias, "none", [], "")
 
