@@ -180,7 +180,10 @@ def test_metrics_carry_model_and_namespace(fleet: Fleet) -> None:
     text = httpx.get(fleet.gateway.url + "/metrics").text
     assert 'flotilla_gateway_requests_total{code="200",model="counted",model_namespace="default"' in text
     assert "flotilla_gateway_routing_decision_seconds_bucket" in text
-    assert 'flotilla_gateway_pod_load{figure="in_flight",model="counted"' in text
+    # the pod's load series appear at the first poll round after its route does, which the request may
+    # beat (CI met none yet): wait for it, bounded
+    wait(lambda: 'flotilla_gateway_pod_load{figure="in_flight",model="counted"'
+         in httpx.get(fleet.gateway.url + "/metrics").text, 10, "the pod's load series for the new route")
 
 
 GiB = 2**30

@@ -41,6 +41,9 @@ class EngineConfig:
     batch_share_slots: int = 0  # slots batch work keeps against interactive arrivals (its weighted share)
     # CPU threads of a step of few sequences (engine/step_threads.py); None: every core of the process; 0: off
     small_step_threads: int | None = None
+    # replay pure decode steps from captured graphs (engine/decode_graphs.py): CUDA graphs on a GPU; on
+    # CPU the same static-shape path runs eagerly (no gain: for tests of the mechanism)
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

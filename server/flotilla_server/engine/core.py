@@ -17,7 +17,9 @@ import torch
 
 from flotilla_server.engine.class_rules import ClassRules
 from flotilla_server.engine.config import EngineConfig
+from flotilla_server.engine.decode_graphs import CudaGraphBackend, DecodeGraphs, EagerBackend
 from flotilla_server.engine.detokenizer import IncrementalDetokenizer
+from flotilla_server.engine.graph_shapes import DEFAULT_GATHER_BUDGET_TOKENS, GraphShapes
 from flotilla_server.engine.kv_pool import BlockPool
 from flotilla_server.engine.memory_facts import host_capacity_bytes, profile_step_bytes, weights_bytes
 from flotilla_server.engine.model_runner import ModelRunner
@@ -46,6 +48,9 @@ class EngineCore:
         mc = self.loaded.config
         dtype = torch_dtype(config.dtype)
         per_block = KVCacheTensors.bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, dtype)
+        # the graphs' gather buffers exist before the pool is sized from free memory: it leaves them room
+        graph_gather = (KVCacheTensors.gather_buffers(DEFAULT_GATHER_BUDGET_TOKENS, mc.num_kv_heads, mc.head_dim, dtype,
+                                                      config.device) if config.cuda_graphs else None)
         facts = MemoryFacts(on_gpu, host_bytes, weights_bytes(self.loaded.model))
         if sized_from_memory and on_gpu:
             facts = self._gpu_facts(facts, dtype)
@@ -58,7 +63,11 @@ class EngineCore:
         log.info("%s", plan.describe(config.block_size, per_block))
         self.max_model_len = plan.max_model_len
         num_blocks = plan.num_blocks
-        self.pool = BlockPool(num_blocks, config.block_size, enable_caching=config.enable_prefix_caching)
+        # with graphs, the last block is the padding rows' scratch (engine/decode_graphs.py), never handed out
+        pool_blocks = num_blocks - 1 if graph_gather is not None else num_blocks
+        if pool_blocks < 1:
+            raise ValueError(f"cuda_graphs: a pool of {num_blocks} block(s) leaves none beside the graphs' scratch block")
+        self.pool = BlockPool(pool_blocks, config.block_size, enable_caching=config.enable_prefix_caching)
         try:
             kv = KVCacheTensors.allocate(
                 mc.num_layers, num_blocks, config.block_size, mc.num_kv_heads, mc.head_dim, dtype, config.device
@@ -79,7 +88,12 @@ class EngineCore:
         small_step_threads = config.small_step_threads
         if small_step_threads is None:
             small_step_threads = default_small_step_threads(config.device)
-        self.runner = ModelRunner(self.loaded.model, kv, config.device, config.seed, small_step_threads)
+        graphs = None
+        if graph_gather is not None:
+            shapes = GraphShapes(config.max_num_seqs, self.max_model_len, config.block_size)
+            backend = CudaGraphBackend(torch.device(config.device)) if on_gpu else EagerBackend()
+            graphs = DecodeGraphs(self.loaded.model, kv, shapes, num_blocks - 1, backend, graph_gather)
+        self.runner = ModelRunner(self.loaded.model, kv, config.device, config.seed, small_step_threads, graphs)
         self._detokenizers: dict[str, dict[int, IncrementalDetokenizer]] = {}  # request id -> choice -> its own
         self._listeners: list[StepListener] = []
         self._last_step_s = 0.0

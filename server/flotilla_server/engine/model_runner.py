@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flotilla_server.engine.decode_graphs import DecodeGraphs
 from flotilla_server.engine.logprobs import token_logprobs
 from flotilla_server.engine.outputs import TokenLogprobs
 from flotilla_server.engine.sampling import make_generator, sample
@@ -37,10 +38,11 @@ class StepResult:
 
 class ModelRunner:
     def __init__(self, model: DecoderModel, kv: KVCacheTensors, device: str | torch.device,
-                 seed: int | None = None, small_step_threads: int = 0) -> None:
+                 seed: int | None = None, small_step_threads: int = 0, graphs: DecodeGraphs | None = None) -> None:
         self.model = model
         self.kv = kv
         self.device = torch.device(device)
+        self.graphs = graphs  # captured decode steps (engine/decode_graphs.py); None: every step eager
         # None: every step on the thread's own count (CUDA, or the rule off)
         self._threads = (SmallStepThreads(torch.get_num_threads(), small_step_threads)
                          if self.device.type == "cpu" and small_step_threads else None)
@@ -112,14 +114,20 @@ class ModelRunner:
             tables.append(seq.block_table)
             if c.sample:
                 sample_rows += [len(input_ids) - 1] * (1 + len(c.forks))
-        batch = AttentionBatch.build(query_lens, context_lens, tables, self.kv.block_size, self.device)
-        ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
-        pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
         rows_t = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
-
-        start = time.perf_counter()
-        hidden = self.model(ids_t, pos_t, batch, self.kv)
-        logits = self.model.compute_logits(hidden.index_select(0, rows_t)) if sample_rows else None
+        graphed = None
+        if self.graphs is not None and sample_rows:  # a pure decode step may replay its captured graph
+            start = time.perf_counter()
+            graphed = self.graphs.run(query_lens, context_lens, input_ids, positions, tables)
+        if graphed is not None:
+            logits = graphed.index_select(0, rows_t)
+        else:
+            batch = AttentionBatch.build(query_lens, context_lens, tables, self.kv.block_size, self.device)
+            ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+            pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
+            start = time.perf_counter()
+            hidden = self.model(ids_t, pos_t, batch, self.kv)
+            logits = self.model.compute_logits(hidden.index_select(0, rows_t)) if sample_rows else None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         forward_s = time.perf_counter() - start

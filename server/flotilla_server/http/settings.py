@@ -50,6 +50,7 @@ class ServerSettings:
     dtype: str = "float32"
     small_step_threads: int | None = None
     device: str = "cpu"
+    cuda_graphs: str = "off"
     max_body_bytes: int = f.DEFAULT_MAX_BODY_BYTES
     engine_mode: str = "process"
     log_level: str = "info"
@@ -86,6 +87,10 @@ class ServerSettings:
             raise ValueError(f"--log-level must be one of {', '.join(f.LOG_LEVELS)}, got {self.log_level!r}")
         if self.prefix_caching not in f.PREFIX_CACHING:
             raise ValueError(f"--prefix-caching must be one of {', '.join(f.PREFIX_CACHING)}, got {self.prefix_caching!r}")
+        if self.cuda_graphs not in f.CUDA_GRAPHS:
+            raise ValueError(f"--cuda-graphs must be one of {', '.join(f.CUDA_GRAPHS)}, got {self.cuda_graphs!r}")
+        if self.cuda_graphs == "on" and not self.device.startswith("cuda"):
+            raise ValueError(f"--cuda-graphs on needs --device cuda (a CUDA graph runs on a GPU), got --device {self.device}")
         if self.engine_mode not in f.ENGINE_MODES:
             raise ValueError(f"--engine-mode must be one of {', '.join(f.ENGINE_MODES)}, got {self.engine_mode!r}")
         if self.max_body_bytes < 1024:
@@ -182,5 +187,5 @@ class ServerSettings:
             dtype=self.dtype, device=self.device, enable_prefix_caching=self.prefix_caching == "on",
             interactive_reserve_slots=self.reserve_slots, batch_max_preemptions=self.batch_max_preemptions,
             batch_prefill_tokens=self.batch_prefill_tokens, batch_share_slots=self.batch_share_slots,
-            small_step_threads=self.small_step_threads,
+            small_step_threads=self.small_step_threads, cuda_graphs=self.cuda_graphs == "on",
         )

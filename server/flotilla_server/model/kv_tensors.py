@@ -46,6 +46,18 @@ class KVCacheTensors:
         element_bytes = torch.empty((), dtype=dtype).element_size()
         return 2 * num_layers * block_size * kv_heads * head_dim * element_bytes
 
+    @staticmethod
+    def gather_buffers(gather_tokens: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                       device: str | torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V gather buffers for `gather_tokens` tokens, for `sharing`."""
+        size = gather_tokens * kv_heads * head_dim
+        return (torch.empty(size, dtype=dtype, device=device), torch.empty(size, dtype=dtype, device=device))
+
+    def sharing(self, gather: tuple[torch.Tensor, torch.Tensor]) -> KVCacheTensors:
+        """The same pool gathering into `gather` (from `gather_buffers`), which is never grown or replaced:
+        for captured graphs (engine/decode_graphs.py), which must read one address for ever."""
+        return KVCacheTensors(self.k, self.v, self.num_blocks, self.block_size, gather)
+
     @property
     def num_layers(self) -> int:
         return len(self.k)
