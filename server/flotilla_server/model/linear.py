@@ -1,4 +1,5 @@
-"""Linear layers that run float32 and bfloat16 CPU matmuls through oneDNN on a pre-packed weight.
+"""Linear layers that run float32 and bfloat16 CPU matmuls through oneDNN on a pre-packed weight, and
+float32 single rows through a native kernel.
 
 On CPU, `F.linear` calls MKL's sgemm, which on AMD processors takes a generic code path: measured on
 the 2-core AMD EPYC (Zen 5) development machine, one thread, a [64, 256] x [256, 1376] matmul took
@@ -13,6 +14,11 @@ development machine, llama-100m's 64 matrices took 15.2 against 22.5 ms at one r
 rate float32 reads its own (26.6 ms at one row, column-major).
 
 Rules:
+- a float32 CPU input of one row with grad disabled runs the native kernel (model/native_gemv.py,
+  model/kernels/gemv.cpp) on the row-major weight when `make setup` built it: a streaming dot product per
+  output, the same bits on any thread count, 1.3x MKL's one-row kernel on one thread and 1.5x the packed
+  path on two on the development machine (llama-100m's 64 matrices: 19-20 against 25-27 ms, 12-15
+  against 20-23 ms);
 - the packed path is taken only for CPU inputs with grad disabled (the oneDNN op has no autograd):
   float32 of at least `MIN_PACKED_ROWS` rows (one row too after `pack_one_row`, below), and
   bfloat16 of any row count where oneDNN has bfloat16 kernels for this CPU; everything else (float16
@@ -22,9 +28,10 @@ Rules:
 - the packed copy doubles the memory of the packed weights (fine for the CPU models this path serves).
 
 One row (a decode step at batch 1) reads every weight once per token, so its speed is the weight's
-memory-read rate. A float32 `Linear` on CPU keeps its weight column-major (the same [out, in] parameter,
-stored as the transpose of an [in, out] matrix): `F.linear` then runs MKL's non-transposed matrix-vector
-kernel, which streams the weight row by row into an accumulator that stays in L1. On the development
+memory-read rate. Without the native kernel, a float32 `Linear` on CPU keeps its weight column-major (the
+same [out, in] parameter, stored as the transpose of an [in, out] matrix): `F.linear` then runs MKL's
+non-transposed matrix-vector kernel, which streams the weight row by row into an accumulator that stays
+in L1. On the development
 machine, over llama-100m's 64 matrices (403 MB), that took 1.1-1.3x less time than the row-major layout,
 and on one thread it is a little faster than the packed path (26 against 30 us for one matrix). But on
 the AMD EPYC (Zen 4) development machine MKL's one-row kernel ran on one thread whatever the count
@@ -32,7 +39,8 @@ the AMD EPYC (Zen 4) development machine MKL's one-row kernel ran on one thread 
 17.9 ms). So a runner whose one-row steps may borrow the HTTP core (engine/step_threads.py) packs one
 row too, on whatever thread count each step runs: both kernels give the same bits on one thread and on
 two, but not each other's, so a step's results must not depend on the count the measurement chose.
-Every other dtype and device keeps the row-major layout: bfloat16 on CPU ran 12x slower column-major.
+With the native kernel, and for every other dtype and device, weights stay row-major (bfloat16 on CPU
+ran 12x slower column-major).
 The layout follows the weight through `Module.to`, `to_empty` and `.float()` (`Linear._apply`), so
 every loader gets it; the packed path packs from either layout to the same bytes, and the state dict,
 loaders and `transformers` conversion see the same values (`copy_` writes into the layout).
@@ -46,7 +54,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .native_gemv import gemv_one_row
+
 MIN_PACKED_ROWS = 2
+# float32 CPU weights are column-major for MKL's one-row kernel; the native kernel reads them row-major
+COLUMN_MAJOR_FLOAT32 = gemv_one_row is None
 
 
 def _onednn_available() -> bool:
@@ -110,8 +122,25 @@ def pack_one_row(module: nn.Module) -> None:
                 value.min_rows = 1
 
 
+def uses_native_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (
+        gemv_one_row is not None
+        and x.dtype == torch.float32
+        and weight.dtype == torch.float32
+        and x.device.type == "cpu"
+        and weight.device.type == "cpu"
+        and x.dim() == 2
+        and x.shape[0] == 1
+        and weight.is_contiguous()
+        and not torch.is_grad_enabled()
+    )
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: PackedWeight) -> torch.Tensor:
-    """`F.linear(x, weight, bias)`, through `packed` when `uses_packed_path` allows."""
+    """`F.linear(x, weight, bias)`: through the native kernel or `packed` where the rules allow."""
+    if uses_native_gemv(x, weight):
+        y = gemv_one_row(x, weight)
+        return y if bias is None else y.add_(bias)
     if not uses_packed_path(x, weight, packed.min_rows):
         return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed.get(weight), bias, "none", [], "")
@@ -128,8 +157,9 @@ def is_column_major(weight: torch.Tensor) -> bool:
 
 
 def wants_column_major(weight: torch.Tensor) -> bool:
-    """float32 on CPU (or on meta, before `to_empty` places it): the layout of the fast one-row kernel."""
-    return weight.dtype == torch.float32 and weight.device.type in ("cpu", "meta")
+    """float32 on CPU (or on meta, before `to_empty` places it) without the native kernel: the layout of
+    MKL's fast one-row kernel."""
+    return COLUMN_MAJOR_FLOAT32 and weight.dtype == torch.float32 and weight.device.type in ("cpu", "meta")
 
 
 class Linear(nn.Linear):

@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from flotilla_server.model.linear import ONEDNN, ONEDNN_BFLOAT16, Linear, pack_one_row, uses_packed_path
+from flotilla_server.model import linear as linear_module
+from flotilla_server.model.linear import (
+    ONEDNN,
+    ONEDNN_BFLOAT16,
+    Linear,
+    pack_one_row,
+    uses_native_gemv,
+    uses_packed_path,
+)
 
 needs_onednn = pytest.mark.skipif(not ONEDNN, reason="this torch build has no oneDNN (the plain path is then used)")
 
@@ -102,3 +110,42 @@ def test_pack_one_row_reaches_every_packed_weight_of_a_model() -> None:
     pack_one_row(model)
     assert all(m._packed.min_rows == 1 for m in model.modules() if isinstance(m, Linear))
     assert model._logits_weight.min_rows == 1
+
+
+def test_the_native_kernel_is_built_and_matches_f_linear() -> None:
+    if linear_module.gemv_one_row is None:
+        pytest.fail("the native CPU kernel is not built: make setup runs scripts/build_kernels.py")
+    torch.manual_seed(3)
+    for in_features, bias in ((577, True), (8, False), (2048, False)):  # a tail past the vector width, short rows
+        layer = Linear(in_features, 300, bias=bias)
+        x = torch.randn(1, in_features)
+        with torch.inference_mode():
+            assert uses_native_gemv(x, layer.weight)
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_the_native_kernel_gives_the_same_bits_on_one_thread_and_on_two() -> None:
+    if linear_module.gemv_one_row is None:
+        pytest.fail("the native CPU kernel is not built: make setup runs scripts/build_kernels.py")
+    w, x = torch.randn(1000, 576), torch.randn(1, 576)
+    threads, outs = torch.get_num_threads(), []
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            outs.append(linear_module.gemv_one_row(x, w))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(*outs)
+
+
+def test_the_native_kernel_refuses_what_it_does_not_compute() -> None:
+    if linear_module.gemv_one_row is None:
+        pytest.fail("the native CPU kernel is not built: make setup runs scripts/build_kernels.py")
+    w = torch.randn(16, 32)
+    with torch.inference_mode():
+        assert not uses_native_gemv(torch.randn(2, 32), w)  # two rows: the packed path
+        assert not uses_native_gemv(torch.randn(1, 32), w.t().contiguous().t())  # column-major
+        assert not uses_native_gemv(torch.randn(1, 32, dtype=torch.bfloat16), w.bfloat16())
+    assert not uses_native_gemv(torch.randn(1, 32), w)  # grad enabled: the op has no autograd
+    with pytest.raises(RuntimeError, match=r"x must be \[1, k\]"):
+        linear_module.gemv_one_row(torch.randn(2, 32), w)
