@@ -183,6 +183,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--threads", type=int, default=1, help="torch CPU threads; 0: torch's own choice.")
     a("--dtype", choices=DTYPES, default="float32", help="Weights and KV-cache dtype.")
     a("--json", type=Path, default=None, help="Write the figures here as JSON.")
+    a("--plot", type=Path, default=None, help="Draw each step's parts here as a PNG.")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -205,4 +206,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
+    if args.plot:
+        from flotilla_server.bench.steps_plot import plot_steps
+
+        plot_steps(report, args.plot)
     return 0

@@ -14,10 +14,13 @@ def test_steps_reports_each_part_for_each_batch(tmp_path, capsys) -> None:
     originals = (KVCacheTensors.gather_blocks, KVCacheTensors.write, F.scaled_dot_product_attention,
                  DecoderModel.compute_logits)
     out = tmp_path / "steps.json"
+    plot = tmp_path / "steps.png"
     argv = ["steps", "--model", "tiny", "--batch", "1", "--batch", "3", "--context", "20", "--steps", "3",
-            "--json", str(out)]
+            "--json", str(out), "--plot", str(plot), "--dtype", "bfloat16"]
     assert main(argv) == 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = json.loads(out.read_text())
+    assert report["dtype"] == "bfloat16"
     batches = report["models"]["tiny"]["batches"]
     assert set(batches) == {"1", "3"}
     for b in batches.values():
