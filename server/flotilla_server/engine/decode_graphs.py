@@ -116,15 +116,13 @@ class DecodeGraphs:
         if shape is None:
             return None
         static = self._graphs.get(shape)
-        if static is None and not self.shapes.admits(shape, self.captured, known=False):
-            return None
         if static is None:
+            if not self.shapes.may_capture(self.captured):
+                return None
             static = self._graphs[shape] = self._buffers(*shape)
-            self._fill(static, context_lens, input_ids, positions, tables)
+        self._fill(static, context_lens, input_ids, positions, tables)
+        if static.replay is None:  # captured on the buffers of a real step: its warm-up runs write real K/V
             static.replay = self.backend.capture(self._step(static))
-        else:
-            self._fill(static, context_lens, input_ids, positions, tables)
-        assert static.replay is not None
         self.replays += 1
         return static.replay()[: len(input_ids)]
 

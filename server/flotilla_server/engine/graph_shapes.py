@@ -86,6 +86,6 @@ class GraphShapes:
             return None
         return rows, blocks
 
-    def admits(self, shape: tuple[int, int], captured: int, known: bool) -> bool:
-        """Whether a step of `shape` replays a graph: one already captured, or a new one within the cap."""
-        return known or captured < self.max_graphs
+    def may_capture(self, captured: int) -> bool:
+        """Whether a shape not captured yet may be, with `captured` graphs already held."""
+        return captured < self.max_graphs

@@ -55,11 +55,11 @@ def test_a_gather_over_the_budget_runs_eagerly() -> None:
     assert shapes.shape_for([1] * 9, [500] * 9) is None  # 16 x 32 x 16
 
 
-def test_the_graph_cap_admits_known_shapes_only_once_reached() -> None:
+def test_no_new_shape_is_captured_past_the_cap() -> None:
     shapes = GraphShapes(16, 2048, 16, max_graphs=2)
-    assert shapes.admits((1, 1), captured=1, known=False)
-    assert not shapes.admits((2, 1), captured=2, known=False)
-    assert shapes.admits((1, 1), captured=2, known=True)
+    assert shapes.may_capture(1)
+    assert not shapes.may_capture(2)
+    assert not GraphShapes(16, 2048, 16, max_graphs=0).may_capture(0)
 
 
 def test_invalid_shapes_are_refused() -> None:
