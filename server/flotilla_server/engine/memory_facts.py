@@ -44,7 +44,10 @@ def host_capacity_bytes() -> int:
 
 
 def weights_bytes(model: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+    """The parameters, and on CPU the packed copies of them that the matmuls keep (as large again for every
+    projection: a float32 or bfloat16 model holds about twice its parameters)."""
+    packed = model.packed_copy_bytes() if isinstance(model, DecoderModel) else 0
+    return sum(p.numel() * p.element_size() for p in model.parameters()) + packed
 
 
 @torch.inference_mode()

@@ -26,7 +26,7 @@ class MemoryFacts:
 
     on_gpu: bool
     capacity_bytes: int  # GPU: the device's total memory; CPU: the cgroup's memory.max, or MemAvailable
-    weights_bytes: int  # the model's parameters
+    weights_bytes: int  # the model's parameters and, on CPU, their packed copies (engine/memory_facts.weights_bytes)
     activation_bytes: int = 0  # GPU: the peak of one profiled step at max_num_batched_tokens
     others_bytes: int = 0  # GPU: memory held outside this engine's tensors (other processes, the CUDA context)
 

@@ -113,6 +113,13 @@ def uses_packed_path(x: torch.Tensor, weight: torch.Tensor, min_rows: int = MIN_
     return x.dtype == torch.bfloat16 and ONEDNN_BFLOAT16
 
 
+def packs(weight: torch.Tensor) -> bool:
+    """Whether the rules above give `weight` a packed copy once a step of several rows has run."""
+    if weight.device.type != "cpu":
+        return False
+    return (weight.dtype == torch.float32 and ONEDNN) or (weight.dtype == torch.bfloat16 and ONEDNN_BFLOAT16)
+
+
 def pack_one_row(module: nn.Module) -> None:
     """Every packed weight under `module` takes float32 single rows too: for a runner whose one-row steps
     may run on more than one thread (see the rules)."""

@@ -18,7 +18,7 @@ from torch import nn
 from .attention import AttentionBatch, paged_attention
 from .config import ModelConfig
 from .kv_tensors import KVCacheTensors
-from .linear import Linear, PackedWeight, linear
+from .linear import Linear, PackedWeight, linear, packs
 from .rope import inverse_frequencies, rope_cos_sin
 
 
@@ -144,6 +144,14 @@ class DecoderModel(nn.Module):
         """hidden: [N, hidden] rows of `forward`'s output. Returns float32 logits [N, vocab]."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return linear(hidden, weight, None, self._logits_weight).float()
+
+    def packed_copy_bytes(self) -> int:
+        """Memory of the packed copies the CPU matmul paths keep beside the weights (model/linear.py): every
+        projection's and the head's (`_logits_weight` packs the embedding when the head is tied)."""
+        weights = [m.weight for m in self.modules() if isinstance(m, Linear)]
+        if self.lm_head is None:
+            weights.append(self.embed_tokens.weight)
+        return sum(w.numel() * w.element_size() for w in weights if packs(w))
 
     def load_hf_state_dict(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies Hugging Face-named weights (`model.layers.0.self_attn.q_proj.weight`, ...) into the
