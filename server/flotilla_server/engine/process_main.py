@@ -111,7 +111,9 @@ def run_engine_process(config: EngineConfig, options: EngineOptions, conn: Conne
         conn.send(EngineFailed(str(e)))
         sys.exit(1)
     from flotilla_server.engine.loop import serve_inbox
+    from flotilla_server.engine.startup_heap import freeze_startup_heap
 
+    freeze_startup_heap()
     conn.send(loop.info(os.getpid()))
     try:
         serve_inbox(loop, PipeInbox(conn), conn.send)

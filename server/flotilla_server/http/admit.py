@@ -10,6 +10,7 @@ from fastapi import Request
 
 from flotilla_server.engine.client import RequestStream
 from flotilla_server.http.admission import ClientGone, QueueFull, QueueTimeout, TenantLimit
+from flotilla_server.http.door import DOOR_TICKET
 from flotilla_server.http.errors import APIError
 from flotilla_server.http.job import Job
 from flotilla_server.http.refusals import (
@@ -22,7 +23,6 @@ from flotilla_server.http.refusals import (
     retry_after_s,
     tenant_limit_message,
 )
-from flotilla_server.http.shedder import DOOR_TICKET
 from flotilla_server.http.state import ServerState
 from flotilla_server.http.stream_response import wait_for_disconnect
 

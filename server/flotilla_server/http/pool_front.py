@@ -21,13 +21,14 @@ from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
 
 from flotilla_server.http.app import create_app, start_serving, stop_serving
+from flotilla_server.http.door import GENERATION_PATHS
 from flotilla_server.http.errors import error_body
 from flotilla_server.http.metrics import StateSnapshot
 from flotilla_server.http.pool_metrics import PoolMetrics
 from flotilla_server.http.refusals import DRAINING_HEADERS, DRAINING_MESSAGE, retry_after_s
 from flotilla_server.http.serve import build_state
 from flotilla_server.http.settings import ServerSettings
-from flotilla_server.http.shedder import GENERATION_PATHS, _answer
+from flotilla_server.http.shedder import answer
 from flotilla_server.http.state import ServedModel, ServerState
 from flotilla_server.model_cache.cache import ModelCache
 from flotilla_server.model_cache.engines import ModelEngine
@@ -164,8 +165,8 @@ class PoolFront:
             await self.routes(scope, receive, send)
             return
         if self._draining:
-            await _answer(send, 503, error_body(503, DRAINING_MESSAGE, code="draining"),
-                          [(k.lower().encode(), v.encode()) for k, v in DRAINING_HEADERS.items()])
+            await answer(send, 503, json.dumps(error_body(503, DRAINING_MESSAGE, code="draining")).encode(),
+                         tuple((k.lower().encode(), v.encode()) for k, v in DRAINING_HEADERS.items()))
             return
         self.in_flight += 1
         self._idle.clear()
@@ -296,5 +297,5 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 
 async def _refuse(send: Send, e: FrontRefusal) -> None:
-    await _answer(send, e.status, error_body(e.status, e.message, e.param, e.code),
-                  [(k.lower().encode(), v.encode()) for k, v in e.headers.items()])
+    await answer(send, e.status, json.dumps(error_body(e.status, e.message, e.param, e.code)).encode(),
+                 tuple((k.lower().encode(), v.encode()) for k, v in e.headers.items()))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uvicorn
 
+from flotilla_server.engine.startup_heap import freeze_startup_heap
 from flotilla_server.http.api_key import ApiKeyGuard
 from flotilla_server.http.bounded_protocol import EVENT_LOOP, BoundedHttpProtocol
 from flotilla_server.http.pool_front import PoolFront
@@ -35,6 +36,7 @@ def serve_pool(settings: ServerSettings, cache: ModelCache) -> int:
     print(f"flotilla-server: serving {len(names)} model(s) ({', '.join(names)}) within a memory budget of "
           f"{cache.budget_bytes} bytes on http://{settings.host}:{settings.port}; each loads on its first "
           f"request; try:\n  {curl_example(settings, names[0] if names else 'NAME')}", flush=True)
+    freeze_startup_heap()
     try:
         server.run()
     finally:

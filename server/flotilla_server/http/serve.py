@@ -21,9 +21,11 @@ from typing import Protocol
 import uvicorn
 
 from flotilla_server.engine.client import EngineClient
+from flotilla_server.engine.startup_heap import freeze_startup_heap
 from flotilla_server.http.admission import AdmissionQueue
 from flotilla_server.http.app import create_app
-from flotilla_server.http.bounded_protocol import EVENT_LOOP, BoundedHttpProtocol
+from flotilla_server.http.bounded_protocol import EVENT_LOOP
+from flotilla_server.http.door_protocol import door_protocol
 from flotilla_server.http.settings import ServerSettings
 from flotilla_server.http.state import ServedModel, ServerState
 
@@ -139,12 +141,14 @@ def serve(settings: ServerSettings, engine: EngineClient, model: ServedModel) ->
     state = build_state(settings, engine, model)
     app = create_app(state, settings.max_body_bytes, settings.api_key)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            timeout_graceful_shutdown=1, access_log=False, http=BoundedHttpProtocol, loop=EVENT_LOOP)
+                            timeout_graceful_shutdown=1, access_log=False, http=door_protocol(state, settings.api_key),
+                            loop=EVENT_LOOP)
     server = DrainingServer(config, state, settings.drain_timeout_s)
     engine.add_death_listener(server.on_engine_death)
     # a demonstration model is announced once, by the loader's warning
     print(f"flotilla-server: serving {name!r} on http://{settings.host}:{settings.port}; try:\n"
           f"  {curl_example(settings, name)}", flush=True)
+    freeze_startup_heap()  # with --engine-mode inprocess this holds the model and the engine too
     try:
         server.run()
     finally:
