@@ -31,7 +31,7 @@ SMALL_STEP_MAX_ROWS = 4  # a step of at most this many rows may borrow the HTTP 
 ENGINE_MODES = ("process", "inprocess")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 PREFIX_CACHING = ("on", "off")
-CUDA_GRAPHS = ("on", "off")
+CUDA_GRAPHS = ("auto", "on", "off")
 
 Kind = Literal["str", "int", "float", "bytes"]
 
@@ -127,9 +127,10 @@ SERVER_FLAGS: tuple[Flag, ...] = (
          "to HTTP (such a step reads every weight for a few rows: memory-bound); the engine measures both counts "
          "and runs the faster. Default: every core; 0: such steps keep the engine's own count."),
     Flag("--device", "device", "str", "cpu", "cpu or cuda[:N]."),
-    Flag("--cuda-graphs", "cuda_graphs", "str", "off",
+    Flag("--cuda-graphs", "cuda_graphs", "str", "auto",
          "on: replay pure decode steps of up to 256 sequences from captured CUDA graphs, padded to 1, 2, 4 or a "
-         "multiple of 8 rows and a power of two of KV blocks (needs --device cuda; off: every step eager)."),
+         "multiple of 8 rows and a power of two of KV blocks (needs --device cuda); off: every step eager; auto: "
+         "on for one model on a GPU, off on CPU and in multi-model mode."),
     Flag("--max-body-bytes", "max_body_bytes", "bytes", DEFAULT_MAX_BODY_BYTES,
          "Largest request body accepted; larger gets 413."),
     Flag("--engine-mode", "engine_mode", "str", "process",

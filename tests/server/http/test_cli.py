@@ -30,6 +30,17 @@ def test_defaults():
     assert (s.model, s.port, s.queue_depth_per_slot, s.queue_timeout_s) == ("tiny", 8000, 8, 30.0)
 
 
+@pytest.mark.parametrize(("argv", "graphs"), [
+    ([], False),  # the CPU never captures
+    (["--device", "cuda"], True),  # auto: one model on a GPU replays its decode steps
+    (["--device", "cuda:1", "--cuda-graphs", "off"], False),
+    (["--device", "cuda", "--model", "a=tiny", "--model", "b=tiny"], False),  # auto: not in multi-model mode
+    (["--device", "cuda", "--model", "a=tiny", "--cuda-graphs", "on"], True),
+])
+def test_cuda_graphs_default_to_one_model_on_a_gpu(argv, graphs):
+    assert parse_settings(argv, {}).engine_config().cuda_graphs is graphs
+
+
 def test_settings_and_the_contract_table_name_the_same_fields_and_defaults():
     assert [f.name for f in fields(ServerSettings)] == [flag.dest for flag in SERVER_FLAGS]
     base = ServerSettings()
@@ -62,6 +73,7 @@ def test_parse_bytes(text, expected):
     (["--dtype", "int8"], {}, "error: --dtype must be one of"),
     ([], {"FLOTILLA_DTYPE": "int8"}, "error: FLOTILLA_DTYPE must be one of"),
     (["--device", "tpu"], {}, "error: --device must be 'cpu' or 'cuda[:N]'"),
+    (["--cuda-graphs", "on"], {}, "error: --cuda-graphs on needs --device cuda"),
     (["--max-num-seqs", "0"], {}, "error: --max-num-seqs must be >= 1"),
     (["--max-num-batched-tokens", "8"], {}, "error: --max-num-batched-tokens must be >= --prefill-chunk"),
     (["--log-level", "loud"], {}, "error: --log-level must be one of debug, info, warning, error, got 'loud'"),
