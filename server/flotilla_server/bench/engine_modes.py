@@ -104,7 +104,8 @@ async def _burst(port: int, pid: int, requests: int, max_tokens: int, bursts: in
     stop.set()
     await poller
     return {"queue_full_429s_per_burst": len(refused) / bursts,
-            "p95_429_ms": _pct(refused, 0.95) * 1000 if refused else float("nan"), "healthz_p99_ms": _pct(health, 0.99) * 1000, "healthz_max_ms": max(health) * 1000,
+            "p95_429_ms": _pct(refused, 0.95) * 1000 if refused else float("nan"),
+            "healthz_p99_ms": _pct(health, 0.99) * 1000, "healthz_max_ms": max(health) * 1000,
             "wall_s": wall_s, "cpu_s": cpu_s}
 
 
