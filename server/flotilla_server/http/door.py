@@ -36,7 +36,6 @@ from flotilla_server.http.state import ServerState
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 DOOR_TICKET = "flotilla.door_ticket"  # the ASGI scope key of a request's ticket
 _CLASS, _TENANT = CLASS_HEADER.lower().encode(), TENANT_HEADER.lower().encode()
-_DRAINING_HEADERS = tuple((k.lower().encode(), v.encode()) for k, v in DRAINING_HEADERS.items())
 
 
 @dataclass(frozen=True)
@@ -46,6 +45,14 @@ class Refusal:
     headers: tuple[tuple[bytes, bytes], ...]  # beyond content-type and content-length
 
 
+def _json(body: dict) -> bytes:
+    return json.dumps(body).encode()
+
+
+DRAINING = Refusal(503, _json(error_body(503, DRAINING_MESSAGE, code="draining")),
+                   tuple((k.lower().encode(), v.encode()) for k, v in DRAINING_HEADERS.items()))
+
+
 def refusal_at_door(state: ServerState, headers: Iterable[tuple[bytes, bytes]]) -> Refusal | None:
     """The answer to a generation request with these (lower-case) headers, counted in the metrics; None: let
     it in (the caller then issues a DoorTicket before yielding to the event loop)."""
@@ -53,7 +60,7 @@ def refusal_at_door(state: ServerState, headers: Iterable[tuple[bytes, bytes]]) 
     if state.draining:
         m.count_request(503)
         m.count_rejection("draining")
-        return Refusal(503, _json(error_body(503, DRAINING_MESSAGE, code="draining")), _DRAINING_HEADERS)
+        return DRAINING
     request_class, tenant = _header(headers, _CLASS), _header(headers, _TENANT)
     batch = request_class is not None and request_class.strip().lower() == BATCH
     queue = state.admission
@@ -92,7 +99,3 @@ def _header(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> str | None:
         if key == name:
             return value.decode("latin-1")
     return None
-
-
-def _json(body: dict) -> bytes:
-    return json.dumps(body).encode()

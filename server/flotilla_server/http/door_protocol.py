@@ -38,7 +38,6 @@ class _Answered:
     still holds) and connection_lost leave it alone."""
 
     response_complete = True
-    disconnected = False
 
     class message_event:
         @staticmethod

@@ -21,11 +21,11 @@ from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
 
 from flotilla_server.http.app import create_app, start_serving, stop_serving
-from flotilla_server.http.door import GENERATION_PATHS
+from flotilla_server.http.door import DRAINING, GENERATION_PATHS
 from flotilla_server.http.errors import error_body
 from flotilla_server.http.metrics import StateSnapshot
 from flotilla_server.http.pool_metrics import PoolMetrics
-from flotilla_server.http.refusals import DRAINING_HEADERS, DRAINING_MESSAGE, retry_after_s
+from flotilla_server.http.refusals import retry_after_s
 from flotilla_server.http.serve import build_state
 from flotilla_server.http.settings import ServerSettings
 from flotilla_server.http.shedder import answer
@@ -165,8 +165,7 @@ class PoolFront:
             await self.routes(scope, receive, send)
             return
         if self._draining:
-            await answer(send, 503, json.dumps(error_body(503, DRAINING_MESSAGE, code="draining")).encode(),
-                         tuple((k.lower().encode(), v.encode()) for k, v in DRAINING_HEADERS.items()))
+            await answer(send, DRAINING.status, DRAINING.body, DRAINING.headers)
             return
         self.in_flight += 1
         self._idle.clear()
