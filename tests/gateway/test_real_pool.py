@@ -75,10 +75,20 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
         publish_pods(k8s, "real-pool", [server.base_url.removeprefix("http://"), f"127.0.0.9:{pods.port}"])
         gateway = stack.enter_context(gateway_process(k8s.kubeconfig, directory, "--poll-interval-s", "0.1"))
         deadline = time.monotonic() + 10
-        while [m["ready_replicas"] for m in httpx.get(gateway.url + "/v1/models").json()["data"]] != [2, 2]:
-            assert time.monotonic() < deadline, httpx.get(gateway.url + "/v1/models").text
+        while [m["ready_replicas"] for m in httpx.get(gateway.url + "/v1/models").json()["data"]] != [2, 2] \
+                or not reports_read(gateway, pods=2):
+            assert time.monotonic() < deadline, httpx.get(gateway.url + "/metrics").text
             time.sleep(0.1)
         yield Pool(server, fake, gateway, footprint)
+
+
+def reports_read(gateway: GatewayProcess, pods: int) -> bool:
+    """The gateway has read every pool pod's load report for every member. Before that a pod lists no model,
+    so the first request is placed by load alone (the "unlisted" tier) and may go to either pod."""
+    text = httpx.get(gateway.url + "/metrics").text
+    ages = [s.value for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name == "flotilla_gateway_pod_load" and s.labels["figure"] == "age_seconds"]
+    return len(ages) == pods * len(MEMBERS) and min(ages) >= 0
 
 
 def report(models: dict[str, tuple[str, int]], free_bytes: int) -> dict:
@@ -109,6 +119,7 @@ def ask(pool: Pool, model: str, i: int) -> None:
 def test_a_member_goes_where_it_fits_not_where_it_would_evict(pool: Pool) -> None:
     for i in range(3):
         ask(pool, "t1", i)  # loaded nowhere: the real server has free budget for it, the fake pod none
+    assert pool.fake.requests == 0
     assert states(pool.server) == {"t1": "loaded", "t2": "available"}
     pool.fake.load = report({"other": ("loaded", 1), "t1": ("available", 0), "t2": ("available", 0)},
                             free_bytes=4 * pool.footprint_bytes)
