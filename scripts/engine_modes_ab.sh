@@ -15,7 +15,7 @@ git -C "$ROOT" worktree add -q --detach "$BEFORE" "$REF"
 cp -r "$ROOT/server/flotilla_server/model/kernels/build" "$BEFORE/server/flotilla_server/model/kernels/" 2>/dev/null || true
 
 "$ROOT/.venv/bin/python" - "$BEFORE/server" "$RUNS" <<'PY'
-import asyncio, os, sys
+import os, sys
 from flotilla_server.bench import engine_modes as em
 from flotilla_server.bench.tiny_server import tiny_server
 
@@ -27,10 +27,10 @@ for i in range(runs):
         path, mode = arms[arm]
         os.environ["PYTHONPATH"] = path  # the servers' code; this process has imported its own already
         with tiny_server("--engine-mode", mode, "--max-num-seqs", "64", "--max-model-len", "512") as s:
-            results[arm]["stream"].append(asyncio.run(em._stream(s.port, s.pid, 64, 64)))
+            results[arm]["stream"].append(em.measure_stream(s.port, s.pid, 64, 64))
         with tiny_server("--engine-mode", mode, "--max-num-seqs", "4", "--queue-depth-per-slot", "8",
                          "--queue-timeout-s", "5", "--max-model-len", "512") as s:
-            results[arm]["burst"].append(asyncio.run(em._burst(s.port, s.pid, 200, 64, 3)))
+            results[arm]["burst"].append(em.measure_burst(s.port, s.pid, 200, 64, 3))
 print("| median of", runs, "| stream tokens/s | stream /healthz p99 ms | burst 429 p95 ms | burst /healthz p99 / max ms |")
 for arm, m in em.medians(results).items():
     st, bu = m["stream"], m["burst"]

@@ -5,8 +5,11 @@ run by run, and reports the median of the runs, with the servers' CPU-seconds (t
 engine process together) beside wall time. Two scenarios (docs/benchmarks.md, "Engine modes"):
 
 - stream: 64 clients stream at once against 64 slots: output tokens/s, and /healthz p99 meanwhile;
-- burst: 200 requests at once against 4 slots (32 queued), 3 times per server: the queue-full 429s' p95 from
-  the request's bytes being written (429 queue_timeout excluded), and /healthz p99 and maximum meanwhile.
+- burst: 200 requests at once against 4 slots (32 queued), 3 times per server: the queue-full 429s' p95
+  (429 queue_timeout excluded), and /healthz p99 and maximum meanwhile.
+
+Latencies are timed by the kernel (bench/kernel_clock.py): a client in Python that times its own reads
+measured itself, not the server, under a burst.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import statistics
 import time
 from pathlib import Path
 
+from flotilla_server.bench.kernel_clock import HealthPoller, burst, post
 from flotilla_server.bench.tiny_server import tiny_server
 
 MODES = ("process", "inprocess")
@@ -40,33 +44,15 @@ def _cpu_s(pid: int) -> float:
     return total
 
 
-async def _request(port: int, body: dict) -> tuple[int, float, int, str]:
-    """(status, seconds to the status line, SSE data chunks, error code) of one POST /v1/completions."""
-    data = json.dumps(body).encode()
+async def _stream_chunks(port: int, body: dict) -> int:
+    """The SSE data chunks of one streamed POST /v1/completions."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data))
-    sent = time.perf_counter()
-    status_line = await reader.readline()
-    status_s = time.perf_counter() - sent
-    chunks, code = 0, ""
+    writer.write(post("/v1/completions", body))
+    chunks = 0
     while line := await reader.readline():
         chunks += line.startswith(b"data: {")
-        if line.startswith(b"{") and b'"code"' in line:
-            code = json.loads(line)["error"]["code"]
     writer.close()
-    return int(status_line.split()[1]), status_s, chunks, code
-
-
-async def _poll_health(port: int, stop: asyncio.Event, out: list[float]) -> None:
-    while not stop.is_set():
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        start = time.perf_counter()
-        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        await reader.read()
-        out.append(time.perf_counter() - start)
-        writer.close()
-        await asyncio.sleep(0.02)
+    return chunks
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -74,50 +60,52 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def measure_stream(port: int, pid: int, clients: int, max_tokens: int) -> dict:
+    """The stream scenario against the server on `port` (`pid`: its HTTP process)."""
+    return asyncio.run(_stream(port, pid, clients, max_tokens))
+
+
 async def _stream(port: int, pid: int, clients: int, max_tokens: int) -> dict:
     body = {"model": "tiny", "prompt": "the sea", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
-    await _request(port, {**body, "max_tokens": 4})  # warm-up
-    stop, health = asyncio.Event(), []
-    poller = asyncio.create_task(_poll_health(port, stop, health))
-    cpu0, t0 = _cpu_s(pid), time.perf_counter()
-    results = await asyncio.gather(*(_request(port, body) for _ in range(clients)))
-    wall_s, cpu_s = time.perf_counter() - t0, _cpu_s(pid) - cpu0
-    stop.set()
-    await poller
-    tokens = sum(chunks - 1 for _, _, chunks, _ in results)  # the first chunk holds no token
-    return {"tokens_per_s": tokens / wall_s, "wall_s": wall_s, "cpu_s": cpu_s, "healthz_p99_ms": _pct(health, 0.99) * 1000}
+    await _stream_chunks(port, {**body, "max_tokens": 4})  # warm-up
+    with HealthPoller(port) as poller:
+        cpu0, t0 = _cpu_s(pid), time.perf_counter()
+        results = await asyncio.gather(*(_stream_chunks(port, body) for _ in range(clients)))
+        wall_s, cpu_s = time.perf_counter() - t0, _cpu_s(pid) - cpu0
+    tokens = sum(chunks - 1 for chunks in results)  # the first chunk holds no token
+    return {"tokens_per_s": tokens / wall_s, "wall_s": wall_s, "cpu_s": cpu_s,
+            "healthz_p99_ms": _pct(poller.latencies_s, 0.99) * 1000}
 
 
-async def _burst(port: int, pid: int, requests: int, max_tokens: int, bursts: int) -> dict:
+def measure_burst(port: int, pid: int, requests: int, max_tokens: int, bursts: int) -> dict:
     """`bursts` bursts of `requests` at once, each once the last one's admitted requests are done: a server's
     later bursts meet what its first left behind (a heap to collect, caches warm)."""
-    body = {"model": "tiny", "prompt": "a crowd", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
-    stop, health = asyncio.Event(), []
-    poller = asyncio.create_task(_poll_health(port, stop, health))
-    await asyncio.sleep(0.3)
+    request = post("/v1/completions", {"model": "tiny", "prompt": "a crowd", "max_tokens": max_tokens,
+                                       "ignore_eos": True, "stream": True})
     refused: list[float] = []
-    cpu0, t0 = _cpu_s(pid), time.perf_counter()
-    for _ in range(bursts):
-        results = await asyncio.gather(*(_request(port, body) for _ in range(requests)))
-        refused += [s for status, s, _, code in results if status == 429 and code == "queue_full"]
-    wall_s, cpu_s = time.perf_counter() - t0, _cpu_s(pid) - cpu0
-    stop.set()
-    await poller
+    with HealthPoller(port) as poller:
+        time.sleep(0.3)
+        cpu0, t0 = _cpu_s(pid), time.perf_counter()
+        for _ in range(bursts):
+            answers = burst(port, request, requests)
+            refused += [a.latency_s for a in answers if a.status == 429 and a.error_code == "queue_full"]
+        wall_s, cpu_s = time.perf_counter() - t0, _cpu_s(pid) - cpu0
+    health = poller.latencies_s
     return {"queue_full_429s_per_burst": len(refused) / bursts,
             "p95_429_ms": _pct(refused, 0.95) * 1000 if refused else float("nan"),
             "healthz_p99_ms": _pct(health, 0.99) * 1000, "healthz_max_ms": max(health) * 1000,
             "wall_s": wall_s, "cpu_s": cpu_s}
 
 
-def run_modes(runs: int, clients: int, stream_tokens: int, burst: int, bursts: int) -> dict[str, dict[str, list[dict]]]:
+def run_modes(runs: int, clients: int, stream_tokens: int, burst_size: int, bursts: int) -> dict[str, dict[str, list[dict]]]:
     results: dict[str, dict[str, list[dict]]] = {m: {"stream": [], "burst": []} for m in MODES}
     for i in range(runs):
         for mode in MODES if i % 2 == 0 else reversed(MODES):
             with tiny_server("--engine-mode", mode, "--max-num-seqs", "64", "--max-model-len", "512") as server:
-                results[mode]["stream"].append(asyncio.run(_stream(server.port, server.pid, clients, stream_tokens)))
+                results[mode]["stream"].append(measure_stream(server.port, server.pid, clients, stream_tokens))
             with tiny_server("--engine-mode", mode, "--max-num-seqs", "4", "--queue-depth-per-slot", "8",
                              "--queue-timeout-s", "5", "--max-model-len", "512") as server:
-                results[mode]["burst"].append(asyncio.run(_burst(server.port, server.pid, burst, 64, bursts)))
+                results[mode]["burst"].append(measure_burst(server.port, server.pid, burst_size, 64, bursts))
             print(f"run {i + 1}/{runs} {mode}: {results[mode]['stream'][-1]} {results[mode]['burst'][-1]}",
                   flush=True)
     return results

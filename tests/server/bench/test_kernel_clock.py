@@ -1,0 +1,76 @@
+"""The kernel clock of `flotilla-bench modes` times the server, not the client: a late answer counts, an
+answer the client reads late does not. Against a real socket server on a thread."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from flotilla_server.bench.kernel_clock import HealthPoller, burst, post, probe
+
+ANSWER = (b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nconnection: close\r\n"
+          b"content-length: 50\r\n\r\n" + b'{"error": {"code": "queue_full", "message": "x"}}'.ljust(50))
+
+
+@contextlib.contextmanager
+def answering_server(delay_s: float) -> Iterator[int]:
+    """Answers each request's headers with ANSWER after `delay_s`; yields its port."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=256)
+    stop = threading.Event()
+
+    def answer(conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(4096)
+            time.sleep(delay_s)
+            conn.sendall(ANSWER)
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                conn, _ = listener.accept()
+                threading.Thread(target=answer, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join()
+        listener.close()
+
+
+def test_a_late_answer_is_timed_late() -> None:
+    with answering_server(delay_s=0.2) as port:
+        answers = burst(port, post("/v1/completions", {"model": "m"}), 20)
+    assert [(a.status, a.error_code) for a in answers] == [(429, "queue_full")] * 20
+    assert all(0.2 <= a.latency_s < 1.0 for a in answers), [a.latency_s for a in answers]
+
+
+def test_an_answer_read_late_is_timed_when_it_arrived(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = socket.socket.recvmsg
+
+    def slow_reader(self: socket.socket, *args: int) -> tuple:
+        time.sleep(0.02)  # the client is busy before each read: 20 reads or more, 0.4 s or more
+        return original(self, *args)
+
+    monkeypatch.setattr(socket.socket, "recvmsg", slow_reader)
+    with answering_server(delay_s=0.0) as port:
+        answers = burst(port, post("/v1/completions", {"model": "m"}), 20)
+    assert max(a.latency_s for a in answers) < 0.2, [a.latency_s for a in answers]
+
+
+def test_the_health_poller_measures_from_its_own_process() -> None:
+    with answering_server(delay_s=0.05) as port:
+        assert 0.05 <= probe(port) < 1.0
+        with HealthPoller(port) as poller:
+            time.sleep(0.3)
+    assert len(poller.latencies_s) >= 2
+    assert all(0.05 <= s < 1.0 for s in poller.latencies_s)
