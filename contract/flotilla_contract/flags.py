@@ -125,7 +125,8 @@ SERVER_FLAGS: tuple[Flag, ...] = (
     Flag("--small-step-threads", "small_step_threads", "int", None,
          f"CPU threads an engine step of at most {SMALL_STEP_MAX_ROWS} rows may run on, borrowing the core otherwise left "
          "to HTTP (such a step reads every weight for a few rows: memory-bound); the engine measures both counts "
-         "and runs the faster. Default: every core; 0: such steps keep the engine's own count."),
+         "and runs the faster. Default: every CPU the process may use (its cores, capped by its container's CPU "
+         "quota); 0: such steps keep the engine's own count."),
     Flag("--device", "device", "str", "cpu", "cpu or cuda[:N]."),
     Flag("--cuda-graphs", "cuda_graphs", "str", "auto",
          "on: replay pure decode steps of up to 256 sequences from captured CUDA graphs, padded to 1, 2, 4 or a "

@@ -147,7 +147,10 @@ class ResourcesSpec(ApiModel):
         description="gpuMemory is the memory of one GPU (a quantity, e.g. `80Gi`). Only the deprecated server.kvCacheMemoryFraction reads it; the server measures the GPU itself (server.gpuMemoryUtilization).",
         pattern=QUANTITY,
     )
-    cpu: str = Field("2", description="cpu is the CPU request and limit of each replica (a quantity).", pattern=QUANTITY)
+    cpu: str = Field(
+        "2", description="cpu is the CPU request and limit of each replica (a quantity). On a CPU pod the server runs "
+                         "its engines on the whole CPUs of the limit less one (at least 1), leaving one to HTTP.",
+        pattern=QUANTITY)
     memory: str = Field(
         "8Gi", description="memory is the memory request and limit of each replica (a quantity).", pattern=QUANTITY
     )

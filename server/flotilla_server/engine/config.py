@@ -39,7 +39,7 @@ class EngineConfig:
     batch_max_preemptions: int = DEFAULT_BATCH_MAX_PREEMPTIONS  # slot preemptions of one batch request
     batch_prefill_tokens: int = DEFAULT_BATCH_PREFILL_TOKENS  # batch prefill per step while interactive waits
     batch_share_slots: int = 0  # slots batch work keeps against interactive arrivals (its weighted share)
-    # CPU threads of a step of few sequences (engine/step_threads.py); None: every core of the process; 0: off
+    # CPU threads of a step of few sequences (engine/step_threads.py); None: every CPU the process may use; 0: off
     small_step_threads: int | None = None
     # replay pure decode steps from captured graphs (engine/decode_graphs.py): CUDA graphs on a GPU; on
     # CPU the same static-shape path runs eagerly (no gain: for tests of the mechanism)

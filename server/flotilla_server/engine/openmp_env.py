@@ -9,8 +9,9 @@ Why each default (docs/serving.md, "CPU threads"):
   wake it; a two-thread one-row decode step of llama-100m then ran at half the speed of one thread (9
   against 19 tokens/s), and at 3-30 k spins at 1.5-1.7x it. The spin outlasts the gaps inside a step, not
   the gaps between steps, so idle engines still sleep;
-- `OMP_NUM_THREADS`, the server only: the usable cores less one (at least 1), leaving a core to the event
-  loop that serves HTTP and SSE (on 2 cores, torch on both gave 64 streaming clients 3.9 k output
+- `OMP_NUM_THREADS`, the server only: the usable CPUs less one (at least 1), leaving a core to the event
+  loop that serves HTTP and SSE; usable means the cores it may run on, capped by the container's CPU quota
+  (engine/cpu_quota.py) (on 2 cores, torch on both gave 64 streaming clients 3.9 k output
   tokens/s, on one 5.1 k); steps of few rows may still borrow it (engine/step_threads.py).
 Each is a default: a value already in the environment wins.
 """
@@ -20,11 +21,15 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping
 
+from flotilla_server.engine.cpu_quota import usable_cpus
+
 SPIN_COUNT = 10_000
 
 
-def set_openmp_defaults(environ: MutableMapping[str, str] = os.environ, *, leave_a_core: bool) -> None:
+def set_openmp_defaults(environ: MutableMapping[str, str] = os.environ, *, leave_a_core: bool,
+                        cpus: int | None = None) -> None:
+    """`cpus`: the usable CPUs (default: what engine/cpu_quota.py reads from this machine)."""
     environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     environ.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))
-    if leave_a_core:
-        environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) - 1)))
+    if leave_a_core and "OMP_NUM_THREADS" not in environ:
+        environ["OMP_NUM_THREADS"] = str(max(1, (usable_cpus() if cpus is None else cpus) - 1))

@@ -36,10 +36,11 @@ Rules:
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from flotilla_contract.flags import SMALL_STEP_MAX_ROWS
+
+from flotilla_server.engine.cpu_quota import usable_cpus
 
 EXPLORE_MIN_STEPS = 16
 EXPLORE_MAX_STEPS = 256
@@ -132,5 +133,6 @@ class SmallStepThreads:
 
 
 def default_small_step_threads(device: str) -> int:
-    """Every core this process may run on, for CPU steps; 0 (the rule off) on CUDA."""
-    return len(os.sched_getaffinity(0)) if device == "cpu" else 0
+    """Every CPU this process may use (its cores, capped by its container's CPU quota), for CPU steps; 0 (the
+    rule off) on CUDA."""
+    return usable_cpus() if device == "cpu" else 0

@@ -23,6 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from flotilla_server.engine.config import EngineConfig
+from flotilla_server.engine.cpu_quota import usable_cpus
 from flotilla_server.engine.messages import EngineOptions
 from flotilla_server.model.config import ModelConfig
 from flotilla_server.model_cache.engines import ModelEngine
@@ -59,7 +60,7 @@ class EngineProcesses:
         self.mode = mode
         self.options = options or EngineOptions()
         # the threads left to engines: OMP_NUM_THREADS (the CLI's default leaves a core to the event loop)
-        self.cpu_threads = cpu_threads or int(os.environ.get("OMP_NUM_THREADS") or len(os.sched_getaffinity(0)))
+        self.cpu_threads = cpu_threads or int(os.environ.get("OMP_NUM_THREADS") or usable_cpus())
 
     def start(self) -> None:
         """Start the forkserver (process mode): it imports torch now, in the background, not in the first load."""

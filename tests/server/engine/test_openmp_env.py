@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import os
-
+from flotilla_server.engine.cpu_quota import usable_cpus
 from flotilla_server.engine.openmp_env import SPIN_COUNT, set_openmp_defaults
 
 
@@ -11,7 +10,7 @@ def test_defaults_fill_an_empty_environment() -> None:
     env: dict[str, str] = {}
     set_openmp_defaults(env, leave_a_core=True)
     assert env == {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": str(SPIN_COUNT),
-                   "OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) - 1))}
+                   "OMP_NUM_THREADS": str(max(1, usable_cpus() - 1))}
 
 
 def test_the_users_values_win_and_the_bench_keeps_its_own_thread_count() -> None:
