@@ -8,8 +8,8 @@ engine process together) beside wall time. Two scenarios (docs/benchmarks.md, "E
 - burst: 200 requests at once against 4 slots (32 queued), 3 times per server: the queue-full 429s' p95
   (429 queue_timeout excluded), and /healthz p99 and maximum meanwhile.
 
-Latencies are timed by the kernel (bench/kernel_clock.py): a client in Python that times its own reads
-measured itself, not the server, under a burst.
+Latencies are timed by the kernel (bench/kernel_clock.py), from a burst whose 200 requests are written within
+about 2 ms on connections opened beforehand.
 """
 
 from __future__ import annotations

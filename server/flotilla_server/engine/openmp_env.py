@@ -9,10 +9,10 @@ Why each default (docs/serving.md, "CPU threads"):
   wake it; a two-thread one-row decode step of llama-100m then ran at half the speed of one thread (9
   against 19 tokens/s), and at 3-30 k spins at 1.5-1.7x it. The spin outlasts the gaps inside a step, not
   the gaps between steps, so idle engines still sleep;
-- `OMP_NUM_THREADS`, the server only: the usable CPUs less one (at least 1), leaving a core to the event
-  loop that serves HTTP and SSE; usable means the cores it may run on, capped by the container's CPU quota
-  (engine/cpu_quota.py) (on 2 cores, torch on both gave 64 streaming clients 3.9 k output
-  tokens/s, on one 5.1 k); steps of few rows may still borrow it (engine/step_threads.py).
+- `OMP_NUM_THREADS`, the server only: the usable CPUs (the cores it may run on, capped by the container's
+  CPU quota: engine/cpu_quota.py) less one, at least 1, leaving a core to the event loop that serves HTTP
+  and SSE (on 2 cores, torch on both gave 64 streaming clients 3.9 k output tokens/s, on one 5.1 k); steps
+  of few rows may still borrow it (engine/step_threads.py).
 Each is a default: a value already in the environment wins.
 """
 
