@@ -58,13 +58,13 @@ def test_an_answer_read_late_is_timed_when_it_arrived(monkeypatch: pytest.Monkey
     original = socket.socket.recvmsg
 
     def slow_reader(self: socket.socket, *args: int) -> tuple:
-        time.sleep(0.02)  # the client is busy before each read: 20 reads or more, 0.4 s or more
+        time.sleep(0.05)  # the client is busy before each read: 20 reads or more, 1 s or more
         return original(self, *args)
 
     monkeypatch.setattr(socket.socket, "recvmsg", slow_reader)
     with answering_server(delay_s=0.0) as port:
         answers = burst(port, post("/v1/completions", {"model": "m"}), 20)
-    assert max(a.latency_s for a in answers) < 0.2, [a.latency_s for a in answers]
+    assert max(a.latency_s for a in answers) < 0.3, [a.latency_s for a in answers]
 
 
 def test_the_health_poller_measures_from_its_own_process() -> None:
