@@ -119,7 +119,7 @@ class ServerSettings:
 
     @property
     def uses_cuda_graphs(self) -> bool:
-        """--cuda-graphs auto: on for one model on a GPU (docs/benchmarks.md, "On a GPU": 6.5x faster tokens at
+        """--cuda-graphs auto: on for one model on a GPU (docs/benchmarks.md, "On a GPU": 7.5-7.7x the tokens/s at
         batch 1); off in multi-model mode, whose --memory-budget does not count the graphs' memory."""
         if self.cuda_graphs == "auto":
             return self.device.startswith("cuda") and not self.multi_model

@@ -3,7 +3,7 @@
 Each engine is a process with its own OpenMP pool, and torch's default pool is as large as the machine.
 Three resident engines of 15 threads on 16 cores are 45 threads: when all three step at once they preempt
 one another inside every matmul, and each barrier waits for the slowest. So the threads left to engines
-(`OMP_NUM_THREADS`, which flotilla-server sets to the usable cores minus one for the event loop) are split
+(`OMP_NUM_THREADS`, which flotilla-server sets to the usable CPUs minus one for the event loop) are split
 evenly among as many models as the memory budget can hold at once, at least one each. A lone busy model
 then runs on its share only: the price of never oversubscribing when they are all busy. A model's load
 runs on one thread at a lower priority (engine_processes.py) whatever its share.
