@@ -74,7 +74,7 @@ async def _stream(port: int, pid: int, clients: int, max_tokens: int) -> dict:
         wall_s, cpu_s = time.perf_counter() - t0, _cpu_s(pid) - cpu0
     tokens = sum(chunks - 1 for chunks in results)  # the first chunk holds no token
     return {"tokens_per_s": tokens / wall_s, "wall_s": wall_s, "cpu_s": cpu_s,
-            "healthz_p99_ms": _pct(poller.latencies_s, 0.99) * 1000}
+            "healthz_p99_ms": _pct(poller.latencies_s, 0.99) * 1000, "healthz_unanswered": poller.unanswered}
 
 
 def measure_burst(port: int, pid: int, requests: int, max_tokens: int, bursts: int) -> dict:
@@ -94,6 +94,7 @@ def measure_burst(port: int, pid: int, requests: int, max_tokens: int, bursts: i
     return {"queue_full_429s_per_burst": len(refused) / bursts,
             "p95_429_ms": _pct(refused, 0.95) * 1000 if refused else float("nan"),
             "healthz_p99_ms": _pct(health, 0.99) * 1000, "healthz_max_ms": max(health) * 1000,
+            "healthz_unanswered": poller.unanswered,
             "wall_s": wall_s, "cpu_s": cpu_s}
 
 

@@ -101,12 +101,19 @@ def _answer(raw: bytes, latency_s: float) -> Answer:
     return Answer(status, latency_s, body.count(b"data: {"), code)
 
 
+class NoAnswer(ConnectionError):
+    """The server closed the connection without answering."""
+
+
 def probe(port: int, path: str = "/healthz") -> float:
-    """Seconds from just before a GET is written to its answer's arrival."""
+    """Seconds from just before a GET is written to its answer's arrival; NoAnswer if the server closes the
+    connection first."""
     with _stamped_socket(port) as sock:
         sent = time.time_ns()
         sock.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % path.encode())
-        _, ancillary, _, _ = sock.recvmsg(1 << 16, 256)
+        first, ancillary, _, _ = sock.recvmsg(1 << 16, 256)
+        if not first:
+            raise NoAnswer(f"GET {path}: the server closed the connection without an answer")
         arrived = _arrival_ns(ancillary)
         while sock.recv(1 << 16):
             pass
@@ -114,22 +121,27 @@ def probe(port: int, path: str = "/healthz") -> float:
 
 
 def _poll(port: int, started: Any, stop: Any, out: Any) -> None:  # multiprocessing's Events and Queue
-    latencies = []
+    latencies, unanswered = [], 0
     while not stop.is_set():
-        latencies.append(probe(port))
+        try:
+            latencies.append(probe(port))
+        except ConnectionError:  # reported beside the latencies, never folded into them
+            unanswered += 1
         started.set()
         stop.wait(POLL_INTERVAL_S)
-    out.put(latencies)
+    out.put((latencies, unanswered))
 
 
 class HealthPoller:
-    """`with HealthPoller(port) as poller:` polls /healthz until the block ends; then `poller.latencies_s`."""
+    """`with HealthPoller(port) as poller:` polls /healthz until the block ends; then `poller.latencies_s`, and
+    `poller.unanswered`: the polls whose connection was closed or reset before an answer."""
 
     def __init__(self, port: int) -> None:
         ctx = mp.get_context("spawn")
         self._started, self._stop, self._out = ctx.Event(), ctx.Event(), ctx.Queue()
         self._process = ctx.Process(target=_poll, args=(port, self._started, self._stop, self._out), daemon=True)
         self.latencies_s: list[float] = []
+        self.unanswered = 0
 
     def __enter__(self) -> HealthPoller:
         self._process.start()
@@ -140,7 +152,7 @@ class HealthPoller:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self.latencies_s = self._out.get(timeout=30)
+        self.latencies_s, self.unanswered = self._out.get(timeout=30)
         self._process.join(10)
         if not self.latencies_s:
             raise RuntimeError("the /healthz poller measured nothing")

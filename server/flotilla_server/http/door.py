@@ -56,6 +56,7 @@ DRAINING = Refusal(503, _json(error_body(503, DRAINING_MESSAGE, code="draining")
 def refusal_at_door(state: ServerState, headers: Iterable[tuple[bytes, bytes]]) -> Refusal | None:
     """The answer to a generation request with these (lower-case) headers, counted in the metrics; None: let
     it in (the caller then issues a DoorTicket before yielding to the event loop)."""
+    state.door_traffic.arrived()
     m = state.metrics
     if state.draining:
         m.count_request(503)

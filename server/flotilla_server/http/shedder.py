@@ -5,7 +5,8 @@ Under a burst, parsing and validating hundreds of bodies that will be refused an
 answer, the refusals included. A single-model server applies the rule earlier still, in its HTTP protocol
 (http/door_protocol.py), and hands this middleware a request it let in with its ticket; this middleware
 decides the rest (a pipelined request, a server started without that protocol, as the tests' in-process
-apps are).
+apps are). Every request let in, by either, waits here for a quiet door before the app parses it
+(http/door_traffic.py).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class LoadShedder:
                 return
             ticket = scope[DOOR_TICKET] = DoorTicket(self.state)
         try:
+            await self.state.door_traffic.until_quiet()  # the burst's refusals first (http/door_traffic.py)
             await self.app(scope, receive, send)
         finally:
             ticket.release()

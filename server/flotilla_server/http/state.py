@@ -15,6 +15,7 @@ from fastapi import Depends, Request
 
 from flotilla_server.engine.client import EngineClient
 from flotilla_server.http.admission import AdmissionQueue
+from flotilla_server.http.door_traffic import DoorTraffic
 from flotilla_server.http.metrics import ServerMetrics, StateSnapshot
 
 
@@ -56,6 +57,7 @@ class ServerState:
     ready: bool = False
     door_limit: int = 0  # door tickets + waiters allowed: queue depth + slots (set at construction)
     at_door: int = 0  # requests past the load shedder that have not reached the queue yet
+    door_traffic: DoorTraffic = field(default_factory=DoorTraffic)  # requests let in wait for a quiet door
     in_flight: int = 0  # requests past the drain check and not yet answered (queued or running)
     live: set[str] = field(default_factory=set)  # admitted requests whose outcome is not yet counted
     slow_clients: set[str] = field(default_factory=set)  # live requests the engine cut off as slow_client

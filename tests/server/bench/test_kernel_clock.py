@@ -10,32 +10,36 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from flotilla_server.bench.kernel_clock import HealthPoller, burst, post, probe
+from flotilla_server.bench.kernel_clock import HealthPoller, NoAnswer, burst, post, probe
 
 ANSWER = (b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nconnection: close\r\n"
           b"content-length: 50\r\n\r\n" + b'{"error": {"code": "queue_full", "message": "x"}}'.ljust(50))
 
 
 @contextlib.contextmanager
-def answering_server(delay_s: float) -> Iterator[int]:
-    """Answers each request's headers with ANSWER after `delay_s`; yields its port."""
+def answering_server(delay_s: float, answer_every: int = 1) -> Iterator[int]:
+    """Answers each request's headers with ANSWER after `delay_s`, or, but for every `answer_every`-th
+    connection, closes it unanswered; yields its port."""
     listener = socket.create_server(("127.0.0.1", 0), backlog=256)
     stop = threading.Event()
 
-    def answer(conn: socket.socket) -> None:
+    def answer(conn: socket.socket, answered: bool) -> None:
         with conn:
             data = b""
             while b"\r\n\r\n" not in data:
                 data += conn.recv(4096)
             time.sleep(delay_s)
-            conn.sendall(ANSWER)
+            if answered:
+                conn.sendall(ANSWER)
 
     def accept() -> None:
         listener.settimeout(0.1)
+        accepted = 0
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 conn, _ = listener.accept()
-                threading.Thread(target=answer, args=(conn,), daemon=True).start()
+                accepted += 1
+                threading.Thread(target=answer, args=(conn, accepted % answer_every == 0), daemon=True).start()
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
@@ -74,3 +78,14 @@ def test_the_health_poller_measures_from_its_own_process() -> None:
             time.sleep(0.3)
     assert len(poller.latencies_s) >= 2
     assert all(0.05 <= s < 1.0 for s in poller.latencies_s)
+
+
+def test_a_poll_closed_unanswered_is_counted_apart_and_the_polling_goes_on() -> None:
+    with answering_server(delay_s=0.01, answer_every=2) as port:  # connections 1, 3, 5, ... closed unanswered
+        with pytest.raises(NoAnswer):
+            probe(port)
+        with HealthPoller(port) as poller:
+            time.sleep(0.4)
+    assert poller.unanswered >= 2 and len(poller.latencies_s) >= 2
+    assert abs(poller.unanswered - len(poller.latencies_s)) <= 1
+    assert all(0.01 <= s < 1.0 for s in poller.latencies_s)
