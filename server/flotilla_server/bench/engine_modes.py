@@ -23,7 +23,7 @@ import statistics
 import time
 from pathlib import Path
 
-from flotilla_server.bench.kernel_clock import HealthPoller, burst, post
+from flotilla_server.bench.kernel_clock import UNANSWERED, HealthPoller, burst, post
 from flotilla_server.bench.tiny_server import tiny_server
 
 MODES = ("process", "inprocess")
@@ -83,18 +83,20 @@ def measure_burst(port: int, pid: int, requests: int, max_tokens: int, bursts: i
     request = post("/v1/completions", {"model": "tiny", "prompt": "a crowd", "max_tokens": max_tokens,
                                        "ignore_eos": True, "stream": True})
     refused: list[float] = []
+    unanswered = 0
     with HealthPoller(port) as poller:
         time.sleep(0.3)
         cpu0, t0 = _cpu_s(pid), time.perf_counter()
         for _ in range(bursts):
             answers = burst(port, request, requests)
             refused += [a.latency_s for a in answers if a.status == 429 and a.error_code == "queue_full"]
+            unanswered += sum(a.status == UNANSWERED for a in answers)
         wall_s, cpu_s = time.perf_counter() - t0, _cpu_s(pid) - cpu0
     health = poller.latencies_s
     return {"queue_full_429s_per_burst": len(refused) / bursts,
             "p95_429_ms": _pct(refused, 0.95) * 1000 if refused else float("nan"),
             "healthz_p99_ms": _pct(health, 0.99) * 1000, "healthz_max_ms": max(health) * 1000,
-            "healthz_unanswered": poller.unanswered,
+            "healthz_unanswered": poller.unanswered, "unanswered_per_burst": unanswered / bursts,
             "wall_s": wall_s, "cpu_s": cpu_s}
 
 

@@ -29,11 +29,12 @@ from typing import Any
 SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux; the constant is missing from Python's socket
 POLL_INTERVAL_S = 0.02
 READ_TIMEOUT_S = 120.0
+UNANSWERED = 0
 
 
 @dataclass(frozen=True)
 class Answer:
-    status: int
+    status: int  # UNANSWERED: the server closed the connection without a byte
     latency_s: float  # request about to be written → its answer's first bytes arrived (kernel time)
     chunks: int  # SSE data chunks
     error_code: str  # the error body's "code", if any
@@ -79,7 +80,7 @@ def burst(port: int, request: bytes, n: int) -> list[Answer]:
             for key, _ in ready:
                 sock = key.fileobj
                 chunk, ancillary, _, _ = sock.recvmsg(1 << 16, 256)  # type: ignore[union-attr]
-                if sock not in first_ns:
+                if chunk and sock not in first_ns:
                     first_ns[sock] = _arrival_ns(ancillary)  # type: ignore[index]
                 if chunk:
                     data[sock] += chunk  # type: ignore[index]
@@ -87,7 +88,8 @@ def burst(port: int, request: bytes, n: int) -> list[Answer]:
                     selector.unregister(sock)
                     sock.close()  # type: ignore[union-attr]
                     open_socks -= 1
-    return [_answer(bytes(data[s]), (first_ns[s] - sent_ns[s]) / 1e9) for s in socks]
+    return [_answer(bytes(data[s]), (first_ns[s] - sent_ns[s]) / 1e9) if s in first_ns
+            else Answer(UNANSWERED, float("nan"), 0, "") for s in socks]
 
 
 def _answer(raw: bytes, latency_s: float) -> Answer:

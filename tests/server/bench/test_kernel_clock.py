@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from flotilla_server.bench.kernel_clock import HealthPoller, NoAnswer, burst, post, probe
+from flotilla_server.bench.kernel_clock import UNANSWERED, HealthPoller, NoAnswer, burst, post, probe
 
 ANSWER = (b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nconnection: close\r\n"
           b"content-length: 50\r\n\r\n" + b'{"error": {"code": "queue_full", "message": "x"}}'.ljust(50))
@@ -89,3 +89,10 @@ def test_a_poll_closed_unanswered_is_counted_apart_and_the_polling_goes_on() -> 
     assert poller.unanswered >= 2 and len(poller.latencies_s) >= 2
     assert abs(poller.unanswered - len(poller.latencies_s)) <= 1
     assert all(0.01 <= s < 1.0 for s in poller.latencies_s)
+
+
+def test_a_burst_request_closed_unanswered_is_marked_so_and_the_rest_are_timed() -> None:
+    with answering_server(delay_s=0.01, answer_every=2) as port:
+        answers = burst(port, post("/v1/completions", {"model": "m"}), 10)
+    assert sorted(a.status for a in answers) == [UNANSWERED] * 5 + [429] * 5
+    assert all(0.01 <= a.latency_s < 1.0 for a in answers if a.status == 429)
