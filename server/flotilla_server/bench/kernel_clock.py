@@ -80,9 +80,9 @@ def burst(port: int, request: bytes, n: int) -> list[Answer]:
             for key, _ in ready:
                 sock = key.fileobj
                 chunk, ancillary, _, _ = sock.recvmsg(1 << 16, 256)  # type: ignore[union-attr]
-                if chunk and sock not in first_ns:
-                    first_ns[sock] = _arrival_ns(ancillary)  # type: ignore[index]
                 if chunk:
+                    if sock not in first_ns:
+                        first_ns[sock] = _arrival_ns(ancillary)  # type: ignore[index]
                     data[sock] += chunk  # type: ignore[index]
                 else:
                     selector.unregister(sock)
