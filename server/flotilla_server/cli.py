@@ -111,7 +111,7 @@ def _refuse(message: str, argv: Sequence[str] | None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     settings = parse_settings(argv)
-    set_openmp_defaults(leave_a_core=True)  # before torch loads OpenMP
+    default_threads = set_openmp_defaults(leave_a_core=True)  # before torch loads OpenMP
     # heavy imports (torch) only once the flags are valid
     from flotilla_server.engine.client import EngineStartError
     from flotilla_server.engine.factory import build_engine
@@ -125,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _main_multi_model(settings)
         # the loader and the engine raise these, saying what to change, for a model or size that cannot serve
         engine, info = build_engine(settings.engine_config(), settings.engine_mode,  # type: ignore[arg-type]
-                                    settings.engine_options())
+                                    settings.engine_options(measure_threads=default_threads))
     except (EngineStartError, ValueError, FileNotFoundError) as e:
         return _refuse(str(e), argv)
     if settings.engine_mode == "process":

@@ -69,7 +69,18 @@ class ThreadBackend:
         except (ValueError, FileNotFoundError) as e:
             raise EngineStartError(str(e)) from None
 
+        measured = threading.Event()
+        failed: list[Exception] = []
+
         def run() -> None:
+            try:
+                if self._options.measure_threads:
+                    loop.core.measure_threads()  # the count is this thread's
+            except Exception as e:
+                failed.append(e)
+                return
+            finally:
+                measured.set()
             try:
                 serve_inbox(loop, self._inbox, on_update)
             except Exception as e:
@@ -78,6 +89,9 @@ class ThreadBackend:
 
         self._thread = threading.Thread(target=run, name="flotilla-engine", daemon=True)
         self._thread.start()
+        measured.wait()
+        if failed:
+            raise EngineStartError(f"measuring the engine's thread count failed: {failed[0]}")
         return loop.info(os.getpid())
 
     def send(self, message: Any) -> None:

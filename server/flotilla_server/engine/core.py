@@ -18,6 +18,7 @@ import torch
 from flotilla_server.engine.class_rules import ClassRules
 from flotilla_server.engine.config import EngineConfig
 from flotilla_server.engine.decode_graphs import CudaGraphBackend, DecodeGraphs, EagerBackend
+from flotilla_server.engine.decode_timer import CONTEXT_TOKENS, DecodeStepTimer
 from flotilla_server.engine.detokenizer import IncrementalDetokenizer
 from flotilla_server.engine.graph_shapes import DEFAULT_GATHER_BUDGET_TOKENS, GraphShapes
 from flotilla_server.engine.kv_pool import BlockPool
@@ -31,6 +32,7 @@ from flotilla_server.engine.scheduler import Scheduler, infeasible_reason
 from flotilla_server.engine.sequence import Sequence as Seq
 from flotilla_server.engine.sequence import new_request
 from flotilla_server.engine.step_threads import default_small_step_threads
+from flotilla_server.engine.thread_count import describe, measure_count
 from flotilla_server.model import KVCacheTensors, LoadedModel, load_model
 from flotilla_server.model.loader import torch_dtype
 
@@ -111,6 +113,20 @@ class EngineCore:
         free, total = torch.cuda.mem_get_info(device)
         others = max(0, total - free - facts.weights_bytes)
         return MemoryFacts(True, total, facts.weights_bytes, activation, others)
+
+    def measure_threads(self) -> dict[int, float] | None:
+        """Keep the thread count under which a full decode step ran fastest (engine/thread_count.py); on the
+        thread that runs the steps, before any request: the count is that thread's. Returns the step seconds
+        by count; None when there was nothing to choose from (a GPU, or one thread)."""
+        own = torch.get_num_threads()
+        if self.config.device != "cpu" or own < 2:
+            return None
+        rows = self.config.max_num_seqs
+        timer = DecodeStepTimer(self.loaded.model, self.runner.kv, rows, min(CONTEXT_TOKENS, self.max_model_len))
+        kept, step_s = measure_count(own, timer)
+        torch.set_num_threads(kept)
+        log.info("%s", describe(rows, step_s, kept))
+        return step_s
 
     # --- requests -------------------------------------------------------------------------------
 

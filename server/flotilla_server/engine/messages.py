@@ -60,6 +60,9 @@ class EngineOptions:
     load_nice: int = 0
     load_threads: int | None = None
     log_level: str = "info"
+    # measure the thread count a full decode step runs fastest on, on the thread that runs the steps
+    # (engine/thread_count.py); for one model on CPU whose count nobody set
+    measure_threads: bool = False
     # the admission order between classes and tenants (engine/fair_admission.py); pairs, so they pickle
     class_weights: tuple[tuple[str, float], ...] = tuple(DEFAULT_CLASS_WEIGHTS.items())
     tenant_weights: tuple[tuple[str, float], ...] = ()

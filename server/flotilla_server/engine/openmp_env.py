@@ -12,7 +12,8 @@ Why each default (docs/serving.md, "CPU threads"):
 - `OMP_NUM_THREADS`, the server only: the usable CPUs (the cores it may run on, capped by the container's
   CPU quota: engine/cpu_quota.py) less one, at least 1, leaving a core to the event loop that serves HTTP
   and SSE (on 2 cores, torch on both gave 64 streaming clients 3.9 k output tokens/s, on one 5.1 k); steps
-  of few rows may still borrow it (engine/step_threads.py).
+  of few rows may still borrow it (engine/step_threads.py), and one model's engine keeps fewer when a full
+  decode step measured as fast on them (engine/thread_count.py).
 Each is a default: a value already in the environment wins.
 """
 
@@ -27,9 +28,13 @@ SPIN_COUNT = 10_000
 
 
 def set_openmp_defaults(environ: MutableMapping[str, str] = os.environ, *, leave_a_core: bool,
-                        cpus: int | None = None) -> None:
-    """`cpus`: the usable CPUs (default: what engine/cpu_quota.py reads from this machine)."""
+                        cpus: int | None = None) -> bool:
+    """`cpus`: the usable CPUs (default: what engine/cpu_quota.py reads from this machine). True when the
+    thread count is this default, which the engine may lower (engine/thread_count.py); False when the
+    environment set it or `leave_a_core` is off."""
     environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     environ.setdefault("GOMP_SPINCOUNT", str(SPIN_COUNT))
-    if leave_a_core and "OMP_NUM_THREADS" not in environ:
-        environ["OMP_NUM_THREADS"] = str(max(1, (usable_cpus() if cpus is None else cpus) - 1))
+    if not leave_a_core or "OMP_NUM_THREADS" in environ:
+        return False
+    environ["OMP_NUM_THREADS"] = str(max(1, (usable_cpus() if cpus is None else cpus) - 1))
+    return True

@@ -107,6 +107,8 @@ def run_engine_process(config: EngineConfig, options: EngineOptions, conn: Conne
     _watch_parent()
     try:
         loop = _load(config, options) if options.load_nice or options.load_threads else _build(config, options)
+        if options.measure_threads:
+            loop.core.measure_threads()
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         conn.send(EngineFailed(str(e)))
         sys.exit(1)

@@ -175,8 +175,11 @@ class ServerSettings:
         """Fair queuing between tenants is on when tenant weights or caps are configured; else FIFO."""
         return bool(self.tenant_weight_map) or self.tenant_max_running is not None or self.tenant_max_queued is not None
 
-    def engine_options(self) -> EngineOptions:
+    def engine_options(self, measure_threads: bool = False) -> EngineOptions:
+        """`measure_threads`: the thread count is the server's default (engine/openmp_env.py), which one
+        model's engine on CPU may lower (engine/thread_count.py)."""
         return EngineOptions(
+            measure_threads=measure_threads and not self.multi_model and self.device == "cpu",
             log_level=self.log_level, class_weights=tuple(self.class_weight_map.items()),
             tenant_weights=tuple(self.tenant_weight_map.items()), tenant_max_running=self.tenant_max_running,
             tenant_fairness=self.tenant_fairness,

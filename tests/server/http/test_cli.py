@@ -30,6 +30,17 @@ def test_defaults():
     assert (s.model, s.port, s.queue_depth_per_slot, s.queue_timeout_s) == ("tiny", 8000, 8, 30.0)
 
 
+@pytest.mark.parametrize(("argv", "measured"), [
+    ([], True),  # one model on the CPU, on the default count
+    (["--device", "cuda"], False),
+    (["--model", "a=tiny", "--model", "b=tiny"], False),  # multi-model: each engine gets its share
+])
+def test_one_model_on_the_cpu_measures_its_default_thread_count(argv, measured):
+    s = parse_settings(argv, {})
+    assert s.engine_options(measure_threads=True).measure_threads is measured
+    assert s.engine_options().measure_threads is False  # a count the user set (OMP_NUM_THREADS)
+
+
 @pytest.mark.parametrize(("argv", "graphs"), [
     ([], False),  # the CPU never captures
     (["--device", "cuda"], True),  # auto: one model on a GPU replays its decode steps
