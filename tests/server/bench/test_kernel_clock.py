@@ -71,6 +71,20 @@ def test_an_answer_read_late_is_timed_when_it_arrived(monkeypatch: pytest.Monkey
     assert max(a.latency_s for a in answers) < 0.3, [a.latency_s for a in answers]
 
 
+def test_an_answer_the_kernel_did_not_stamp_is_timed_when_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Linux leaves data unstamped while it switches its stamps on: such an answer is timed, late, not lost."""
+    original = socket.socket.recvmsg
+
+    def unstamped(self: socket.socket, *args: int) -> tuple:
+        time.sleep(0.05)  # read late: its latency then includes this
+        data, _, flags, address = original(self, *args)
+        return data, [], flags, address
+
+    monkeypatch.setattr(socket.socket, "recvmsg", unstamped)
+    with answering_server(delay_s=0.0) as port:
+        assert 0.05 <= probe(port) < 1.0
+
+
 def test_the_health_poller_measures_from_its_own_process() -> None:
     with answering_server(delay_s=0.05) as port:
         assert 0.05 <= probe(port) < 1.0
