@@ -36,7 +36,6 @@ UNANSWERED = 0
 class Answer:
     status: int  # UNANSWERED: the server closed the connection without a byte
     latency_s: float  # request about to be written → its answer's first bytes arrived (kernel time)
-    chunks: int  # SSE data chunks
     error_code: str  # the error body's "code", if any
 
 
@@ -95,7 +94,7 @@ def burst(port: int, request: bytes, n: int) -> list[Answer]:
                     sock.close()  # type: ignore[union-attr]
                     open_socks -= 1
     return [_answer(bytes(data[s]), (first_ns[s] - sent_ns[s]) / 1e9) if s in first_ns
-            else Answer(UNANSWERED, float("nan"), 0, "") for s in socks]
+            else Answer(UNANSWERED, float("nan"), "") for s in socks]
 
 
 def _answer(raw: bytes, latency_s: float) -> Answer:
@@ -106,7 +105,7 @@ def _answer(raw: bytes, latency_s: float) -> Answer:
         start = body.find(b"{")  # the JSON body, possibly inside one chunk of chunked encoding
         if start >= 0:
             code = json.JSONDecoder().raw_decode(body[start:].decode())[0].get("error", {}).get("code", "")
-    return Answer(status, latency_s, body.count(b"data: {"), code)
+    return Answer(status, latency_s, code)
 
 
 class NoAnswer(ConnectionError):
