@@ -137,6 +137,10 @@ SERVER_FLAGS: tuple[Flag, ...] = (
     Flag("--engine-mode", "engine_mode", "str", "process",
          "process: the engine runs in its own process (no shared GIL with HTTP); inprocess: on a thread of the "
          "HTTP process (tests, comparison)."),
+    Flag("--http-processes", "http_processes", "int", 1,
+         "HTTP processes sharing the port (SO_REUSEPORT), each with its own pipe to the one engine process and "
+         "its share of the queue; more split a burst's refusals and the streams' encoding across cores. One "
+         "model, --engine-mode process."),
     Flag("--log-level", "log_level", "str", "info", f"{', '.join(LOG_LEVELS)}."),
     Flag("--api-key", "api_key", "str", None,
          "Require 'Authorization: Bearer <key>' on the OpenAI endpoints (/v1/...), else 401; probes, /metrics "

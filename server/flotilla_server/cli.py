@@ -115,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # heavy imports (torch) only once the flags are valid
     from flotilla_server.engine.client import EngineStartError
     from flotilla_server.engine.factory import build_engine
-    from flotilla_server.http.serve import ServedModel, configure_logging, serve
+    from flotilla_server.http.serve import configure_logging, serve, served_model
 
     configure_logging(settings)
     try:
@@ -123,6 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_device(settings.device)
         if settings.multi_model:
             return _main_multi_model(settings)
+        if settings.http_processes > 1:
+            return _main_fronts(settings, default_threads)
         # the loader and the engine raise these, saying what to change, for a model or size that cannot serve
         engine, info = build_engine(settings.engine_config(), settings.engine_mode,  # type: ignore[arg-type]
                                     settings.engine_options(measure_threads=default_threads))
@@ -130,11 +132,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _refuse(str(e), argv)
     if settings.engine_mode == "process":
         print(f"flotilla-server: the engine runs in process {info.pid}", flush=True)
-    model = ServedModel(
-        name=settings.served_model_name or info.name, tokenizer=info.tokenizer, vocab_size=info.vocab_size,
-        max_model_len=info.max_model_len, description=info.description, is_demonstration=info.is_demonstration,
-    )
-    return serve(settings, engine, model)
+    return serve(settings, engine, served_model(settings, info))
+
+
+def _main_fronts(settings: ServerSettings, default_threads: bool) -> int:
+    """One engine process, settings.http_processes HTTP processes (flotilla_server/fronts.py)."""
+    from flotilla_server.engine.backends import spawn_engine
+    from flotilla_server.fronts import serve_fronts
+
+    engine = spawn_engine(settings.engine_config(), settings.engine_options(measure_threads=default_threads),
+                          fronts=settings.http_processes)
+    return serve_fronts(settings, engine)
 
 
 def _main_multi_model(settings: ServerSettings) -> int:

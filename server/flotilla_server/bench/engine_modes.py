@@ -8,6 +8,9 @@ engine process together) beside wall time. Two scenarios (docs/benchmarks.md, "E
 - burst: 200 requests at once against 4 slots (32 queued), 3 times per server: the queue-full 429s' p95
   (429 queue_timeout excluded), and /healthz p99 and maximum meanwhile.
 
+With `--http-processes N` (N > 1) a third arm, `process-Nhttp`, serves the process mode through N HTTP
+processes (docs/serving.md, "HTTP processes"), interleaved with the others.
+
 Latencies are timed by the kernel (bench/kernel_clock.py), from a burst whose 200 requests are written within
 about 2 ms on connections opened beforehand.
 """
@@ -27,6 +30,15 @@ from flotilla_server.bench.kernel_clock import UNANSWERED, HealthPoller, burst, 
 from flotilla_server.bench.tiny_server import tiny_server
 
 MODES = ("process", "inprocess")
+
+
+def arms(http_processes: int) -> dict[str, tuple[str, ...]]:
+    """Each arm's name and its server flags: the two modes, and the process mode over N HTTP processes."""
+    out = {mode: ("--engine-mode", mode) for mode in MODES}
+    if http_processes > 1:
+        out[f"process-{http_processes}http"] = ("--engine-mode", "process", "--http-processes", str(http_processes))
+    return out
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -100,13 +112,15 @@ def measure_burst(port: int, pid: int, requests: int, max_tokens: int, bursts: i
             "wall_s": wall_s, "cpu_s": cpu_s}
 
 
-def run_modes(runs: int, clients: int, stream_tokens: int, burst_size: int, bursts: int) -> dict[str, dict[str, list[dict]]]:
-    results: dict[str, dict[str, list[dict]]] = {m: {"stream": [], "burst": []} for m in MODES}
+def run_modes(runs: int, clients: int, stream_tokens: int, burst_size: int, bursts: int,
+              http_processes: int = 1) -> dict[str, dict[str, list[dict]]]:
+    flags = arms(http_processes)
+    results: dict[str, dict[str, list[dict]]] = {m: {"stream": [], "burst": []} for m in flags}
     for i in range(runs):
-        for mode in MODES if i % 2 == 0 else reversed(MODES):
-            with tiny_server("--engine-mode", mode, "--max-num-seqs", "64", "--max-model-len", "512") as server:
+        for mode in list(flags) if i % 2 == 0 else reversed(flags):
+            with tiny_server(*flags[mode], "--max-num-seqs", "64", "--max-model-len", "512") as server:
                 results[mode]["stream"].append(measure_stream(server.port, server.pid, clients, stream_tokens))
-            with tiny_server("--engine-mode", mode, "--max-num-seqs", "4", "--queue-depth-per-slot", "8",
+            with tiny_server(*flags[mode], "--max-num-seqs", "4", "--queue-depth-per-slot", "8",
                              "--queue-timeout-s", "5", "--max-model-len", "512") as server:
                 results[mode]["burst"].append(measure_burst(server.port, server.pid, burst_size, 64, bursts))
             print(f"run {i + 1}/{runs} {mode}: {results[mode]['stream'][-1]} {results[mode]['burst'][-1]}",
@@ -126,11 +140,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--burst", type=int, default=200, help="Requests sent at once against 4 slots (burst scenario).")
     p.add_argument("--bursts", type=int, default=3,
                    help="Bursts per server (burst scenario), each after the last one's admitted requests finish.")
+    p.add_argument("--http-processes", type=int, default=1,
+                   help="Above 1: a third arm, the process mode through this many HTTP processes.")
     p.add_argument("--json", type=Path, help="Write every run and the medians here.")
 
 
 def run(args: argparse.Namespace) -> int:
-    results = run_modes(args.runs, args.clients, args.stream_tokens, args.burst, args.bursts)
+    results = run_modes(args.runs, args.clients, args.stream_tokens, args.burst, args.bursts, args.http_processes)
     summary = medians(results)
     print(json.dumps(summary, indent=2))
     if args.json:

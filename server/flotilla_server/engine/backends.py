@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from flotilla_server.engine.config import EngineConfig
@@ -120,52 +121,83 @@ def start_forkserver() -> None:
     forkserver.ensure_running()
 
 
-class ProcessBackend:
-    """The engine in its own process, `spawn`ed or forked by the forkserver (start_forkserver); a pipe each
-    way, a reader and a sender thread here."""
+@dataclass
+class EngineProcess:
+    """A started engine process and the parent ends of its pipes, one per HTTP process."""
 
-    def __init__(self, config: EngineConfig, options: EngineOptions, startup_timeout_s: float = 600.0,
-                 start_method: str = "spawn") -> None:
-        if start_method not in START_METHODS:
-            raise ValueError(f"start_method must be one of {', '.join(START_METHODS)}, got {start_method!r}")
-        self._config, self._options = config, options
-        self._start_method = start_method
-        self._startup_timeout_s = startup_timeout_s
+    process: Any
+    conns: list[Any]
+    info: EngineInfo
+
+    def stop(self, timeout_s: float) -> None:
+        """Wait up to timeout_s for it to exit (its pipes closed, or Shutdown sent), then kill it."""
+        self.process.join(timeout_s)
+        _kill(self.process)
+
+
+def spawn_engine(config: EngineConfig, options: EngineOptions, *, fronts: int = 1, start_method: str = "spawn",
+                 startup_timeout_s: float = 600.0) -> EngineProcess:
+    """Start the engine process with `fronts` pipes and wait until it has loaded; raises EngineStartError."""
+    from flotilla_server.engine.process_main import run_engine_process
+
+    if start_method not in START_METHODS:
+        raise ValueError(f"start_method must be one of {', '.join(START_METHODS)}, got {start_method!r}")
+    if start_method == "forkserver":
+        start_forkserver()  # at once if already running
+    ctx = mp.get_context(start_method)
+    pipes = [ctx.Pipe(duplex=True) for _ in range(fronts)]
+    process = ctx.Process(target=run_engine_process, args=(config, options, [child for _, child in pipes]),
+                          name=f"flotilla-engine[{config.model}]", daemon=True)
+    process.start()
+    for _, child in pipes:
+        child.close()  # only the child holds its ends: its death is our EOF
+    first_conn = pipes[0][0]
+    deadline = time.monotonic() + startup_timeout_s
+    while not first_conn.poll(0.2):
+        if not process.is_alive() or time.monotonic() > deadline:
+            raise _exited(process)
+    try:
+        first = first_conn.recv()
+    except EOFError:  # poll() also wakes on the child's death: its end closed before it said anything
+        raise _exited(process) from None
+    if isinstance(first, EngineFailed):
+        _kill(process)
+        raise EngineStartError(first.message)
+    return EngineProcess(process, [parent for parent, _ in pipes], first)
+
+
+def _exited(process: Any) -> EngineStartError:
+    _kill(process)
+    return EngineStartError(f"the engine process exited during start-up (exit code {process.exitcode}); "
+                            "its log above says why")
+
+
+def _kill(process: Any) -> None:
+    if process.is_alive():
+        process.kill()  # it ignores SIGTERM by design
+        process.join(5.0)
+
+
+class _PipeBackend:
+    """One pipe to an engine process, a reader and a sender thread here."""
+
+    def __init__(self) -> None:
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._conn: Any = None
-        self.process: Any = None
         self._closing = False
+        self._reader: threading.Thread | None = None
+        self._writer: threading.Thread | None = None
 
-    def start(self, on_update: OnUpdate, on_death: OnDeath) -> EngineInfo:
-        from flotilla_server.engine.process_main import run_engine_process
+    def _serve(self, conn: Any, on_update: OnUpdate, on_death: OnDeath) -> None:
+        self._conn = conn
+        self._reader = threading.Thread(target=self._read, args=(on_update, on_death), name="engine-reader",
+                                        daemon=True)
+        self._reader.start()
+        self._writer = threading.Thread(target=self._write, name="engine-writer", daemon=True)
+        self._writer.start()
 
-        if self._start_method == "forkserver":
-            start_forkserver()  # at once if already running
-        ctx = mp.get_context(self._start_method)
-        parent, child = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(target=run_engine_process, args=(self._config, self._options, child),
-                                   name=f"flotilla-engine[{self._config.model}]", daemon=True)
-        self.process.start()
-        child.close()  # only the child holds its end: its death is our EOF
-        self._conn = parent
-        deadline = time.monotonic() + self._startup_timeout_s
-        while not parent.poll(0.2):
-            if not self.process.is_alive() or time.monotonic() > deadline:
-                self._kill()
-                raise EngineStartError(f"the engine process exited during start-up (exit code "
-                                       f"{self.process.exitcode}); its log above says why")
-        try:
-            first = parent.recv()
-        except EOFError:  # poll() also wakes on the child's death: its end closed before it said anything
-            self._kill()
-            raise EngineStartError(f"the engine process exited during start-up (exit code "
-                                   f"{self.process.exitcode}); its log above says why") from None
-        if isinstance(first, EngineFailed):
-            self._kill()
-            raise EngineStartError(first.message)
-        threading.Thread(target=self._read, args=(on_update, on_death), name="engine-reader", daemon=True).start()
-        threading.Thread(target=self._write, name="engine-writer", daemon=True).start()
-        return first
+    def _death(self) -> str:
+        raise NotImplementedError
 
     def _read(self, on_update: OnUpdate, on_death: OnDeath) -> None:
         try:
@@ -174,8 +206,7 @@ class ProcessBackend:
         except (EOFError, OSError):
             pass
         if not self._closing:
-            self.process.join(2.0)
-            on_death(f"the engine process (pid {self.process.pid}) exited with code {self.process.exitcode}")
+            on_death(self._death())
 
     def _write(self) -> None:
         while True:
@@ -192,6 +223,31 @@ class ProcessBackend:
     def send(self, message: Any) -> None:
         self._outbox.put(message)
 
+
+class ProcessBackend(_PipeBackend):
+    """The engine in its own process, `spawn`ed or forked by the forkserver (start_forkserver)."""
+
+    def __init__(self, config: EngineConfig, options: EngineOptions, startup_timeout_s: float = 600.0,
+                 start_method: str = "spawn") -> None:
+        if start_method not in START_METHODS:
+            raise ValueError(f"start_method must be one of {', '.join(START_METHODS)}, got {start_method!r}")
+        super().__init__()
+        self._config, self._options = config, options
+        self._start_method = start_method
+        self._startup_timeout_s = startup_timeout_s
+        self.process: Any = None
+
+    def start(self, on_update: OnUpdate, on_death: OnDeath) -> EngineInfo:
+        engine = spawn_engine(self._config, self._options, start_method=self._start_method,
+                              startup_timeout_s=self._startup_timeout_s)
+        self.process = engine.process
+        self._serve(engine.conns[0], on_update, on_death)
+        return engine.info
+
+    def _death(self) -> str:
+        self.process.join(2.0)
+        return f"the engine process (pid {self.process.pid}) exited with code {self.process.exitcode}"
+
     def close(self, timeout_s: float) -> None:
         """Stop the engine process and wait for it: its memory (and GPU memory) is free on return."""
         self._closing = True
@@ -199,11 +255,32 @@ class ProcessBackend:
             return
         self.send(Shutdown())
         self.process.join(timeout_s)
-        self._kill()
+        _kill(self.process)
         if self._conn is not None:
             self._conn.close()
 
-    def _kill(self) -> None:
-        if self.process.is_alive():
-            self.process.kill()  # it ignores SIGTERM by design
-            self.process.join(5.0)
+
+class ConnectedBackend(_PipeBackend):
+    """One of several HTTP processes' pipe to an engine process that another process started and stops
+    (http/fronts.py): closing says Shutdown for this HTTP process alone (engine/front_inbox.py)."""
+
+    def __init__(self, conn: Any, info: EngineInfo) -> None:
+        super().__init__()
+        self._given_conn, self._info = conn, info
+
+    def start(self, on_update: OnUpdate, on_death: OnDeath) -> EngineInfo:
+        self._serve(self._given_conn, on_update, on_death)
+        return self._info
+
+    def _death(self) -> str:
+        return f"the engine process (pid {self._info.pid}) closed its pipe"
+
+    def close(self, timeout_s: float) -> None:
+        self._closing = True
+        self.send(Shutdown())
+        deadline = time.monotonic() + timeout_s
+        for thread in (self._writer, self._reader):  # the writer ends once Shutdown is written, the reader
+            if thread is not None:                 # when the engine closes its end in answer
+                thread.join(max(0.0, deadline - time.monotonic()))
+        if self._reader is None or not self._reader.is_alive():
+            self._conn.close()  # never under a reader still blocked on it

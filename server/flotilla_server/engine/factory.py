@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flotilla_server.engine.backends import ProcessBackend, ThreadBackend
+from flotilla_server.engine.backends import ConnectedBackend, ProcessBackend, ThreadBackend
 from flotilla_server.engine.client import DEFAULT_STREAM_BUFFER_EVENTS, ENGINE_MODES, EngineClient, EngineMode
 from flotilla_server.engine.config import EngineConfig
 from flotilla_server.engine.messages import EngineInfo, EngineOptions
@@ -37,3 +37,9 @@ def build_engine(config: EngineConfig, mode: EngineMode = "process",
     """Returns (the started engine client, what the engine serves); raises EngineStartError."""
     client = make_engine(config, mode, options)
     return client, client.start()
+
+
+def connect_engine(conn: Any, info: EngineInfo, stream_buffer_events: int = DEFAULT_STREAM_BUFFER_EVENTS) -> EngineClient:
+    """A client, not yet started, over one pipe of an engine process another process started with several
+    (engine/backends.py spawn_engine; flotilla_server/fronts.py)."""
+    return EngineClient(ConnectedBackend(conn, info), stream_buffer_events=stream_buffer_events)

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
-from flotilla_contract.classes import INTERACTIVE
+from flotilla_contract.classes import INTERACTIVE, REQUEST_CLASSES
 
 from flotilla_server.engine.config import EngineConfig
 from flotilla_server.engine.core import EngineCore
@@ -126,6 +126,12 @@ class EngineLoop:
             del self._waiting[r.request_id]
         return admitted
 
+    def _queued_by_class(self) -> dict[str, int]:
+        counts = dict.fromkeys(REQUEST_CLASSES, 0)
+        for waiter in self._waiting.values():
+            counts[waiter.request.params.request_class] += 1
+        return counts
+
     # --- one turn -----------------------------------------------------------------------------------
 
     def has_work(self) -> bool:
@@ -154,7 +160,8 @@ class EngineLoop:
             outputs = self.core.step(after_schedule=after)
         if not (admitted or outputs or self._record or self._dirty):
             return None
-        update = EngineUpdate(self.core.stats(), admitted, self._refused, outputs, self._record)
+        update = EngineUpdate(replace(self.core.stats(), queued_by_class=self._queued_by_class()), admitted,
+                              self._refused, outputs, self._record)
         self._refused = []
         self._dirty = False
         return update

@@ -77,6 +77,9 @@ class EngineStats:
     waiting_by_class: dict[str, int] = field(default_factory=dict)
     running_by_class: dict[str, int] = field(default_factory=dict)
     preemptions_by_class: dict[str, int] = field(default_factory=dict)
+    # the engine loop's admission queue (submitted, not yet admitted), by class: what several HTTP processes
+    # report (http/state.py), where each holds only its own exact count
+    queued_by_class: dict[str, int] = field(default_factory=dict)
 
 
 StepListener = Callable[[StepRecord], None]  # told of every step, on the engine thread

@@ -20,14 +20,16 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
 from flotilla_server.engine.config import EngineConfig
-from flotilla_server.engine.messages import EngineFailed, EngineOptions
+from flotilla_server.engine.messages import EngineFailed, EngineOptions, EngineUpdate
+from flotilla_server.engine.parent_watch import exit_with_parent
 
 if TYPE_CHECKING:
-    from flotilla_server.engine.loop import EngineLoop
+    from flotilla_server.engine.loop import EngineLoop, Inbox
 
 log = logging.getLogger("flotilla.engine")
 
@@ -41,19 +43,6 @@ class PipeInbox:
 
     def get(self):
         return self._conn.recv()
-
-
-def _watch_parent() -> None:
-    """Exit when the parent dies even in the middle of a long step (the loop notices only between steps)."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            if os.getppid() != parent:
-                os._exit(0)
-            threading.Event().wait(1.0)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def _build(config: EngineConfig, options: EngineOptions) -> EngineLoop:
@@ -98,29 +87,38 @@ def _load(config: EngineConfig, options: EngineOptions) -> EngineLoop:
     return loop
 
 
-def run_engine_process(config: EngineConfig, options: EngineOptions, conn: Connection) -> None:
+def run_engine_process(config: EngineConfig, options: EngineOptions, conns: list[Connection]) -> None:
+    """`conns`: one pipe per HTTP process (engine/front_inbox.py); the first hears whether the engine started."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(level=options.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if options.num_threads is not None:
         os.environ["OMP_NUM_THREADS"] = str(options.num_threads)  # read once, when torch loads OpenMP
-    _watch_parent()
+    exit_with_parent()  # even in the middle of a long step (the loop notices a closed pipe only between steps)
     try:
         loop = _load(config, options) if options.load_nice or options.load_threads else _build(config, options)
         if options.measure_threads:
             loop.core.measure_threads()
     except (ValueError, FileNotFoundError, RuntimeError) as e:
-        conn.send(EngineFailed(str(e)))
+        conns[0].send(EngineFailed(str(e)))
         sys.exit(1)
     from flotilla_server.engine.loop import serve_inbox
     from flotilla_server.engine.startup_heap import freeze_startup_heap
 
     freeze_startup_heap()
-    conn.send(loop.info(os.getpid()))
+    conns[0].send(loop.info(os.getpid()))
+    if len(conns) == 1:
+        inbox: Inbox = PipeInbox(conns[0])
+        send: Callable[[EngineUpdate], None] = conns[0].send
+    else:
+        from flotilla_server.engine.front_inbox import FrontInbox
+
+        fronts = FrontInbox(conns)
+        inbox, send = fronts, fronts.send
     try:
-        serve_inbox(loop, PipeInbox(conn), conn.send)
+        serve_inbox(loop, inbox, send)
     except (EOFError, BrokenPipeError, ConnectionResetError):
-        log.info("the HTTP process is gone; the engine process exits")
+        log.info("the HTTP side is gone; the engine process exits")
     except Exception:
         log.exception("engine loop failed; the engine process exits")
         sys.exit(1)

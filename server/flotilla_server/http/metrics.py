@@ -8,6 +8,7 @@ ours so its endpoint picker, vLLM dashboards and KEDA recipes work unchanged.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -15,6 +16,7 @@ from flotilla_contract import classes
 from flotilla_contract import metrics as names
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from flotilla_server.http.class_metrics import ClassMetrics
@@ -22,6 +24,7 @@ from flotilla_server.http.class_metrics import ClassMetrics
 disable_created_metrics()  # `*_created` series double the exposition and no dashboard or alert reads them
 
 REJECTION_REASONS = names.REJECTION_REASONS
+MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's: set before it is imported
 
 _LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
@@ -131,7 +134,17 @@ class ServerMetrics:
         self.step_tokens = Histogram("flotilla_step_tokens", "Tokens computed in one engine step.",
                                      [names.MODEL_LABEL], buckets=_STEP_TOKEN_BUCKETS, registry=r)
         self.classes = ClassMetrics(r, model)
-        r.register(_StateCollector(model, snapshot))
+        state = _StateCollector(model, snapshot)
+        r.register(state)
+        # what /metrics shows: this registry, or with several HTTP processes (http/fronts.py) every process's
+        # counters and histograms, which prometheus_client keeps in files under PROMETHEUS_MULTIPROC_DIR,
+        # beside the state gauges, which each process reads from the engine's shared stats
+        self.exposition = r
+        multiprocess_dir = os.environ.get(MULTIPROCESS_DIR_ENV)
+        if multiprocess_dir:
+            self.exposition = CollectorRegistry()
+            MultiProcessCollector(self.exposition, multiprocess_dir)
+            self.exposition.register(state)
         for reason in REJECTION_REASONS:  # every reason has a series from the start, at 0
             self.rejections.labels(model, reason)
         self.prompt_tokens.labels(model)

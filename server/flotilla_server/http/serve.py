@@ -15,17 +15,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 from types import FrameType
 from typing import Protocol
 
 import uvicorn
 
-from flotilla_server.engine.client import EngineClient
+from flotilla_server.engine.client import EngineClient, EngineInfo
 from flotilla_server.engine.startup_heap import freeze_startup_heap
 from flotilla_server.http.admission import AdmissionQueue
 from flotilla_server.http.app import create_app
 from flotilla_server.http.bounded_protocol import EVENT_LOOP
 from flotilla_server.http.door_protocol import door_protocol
+from flotilla_server.http.front_share import FrontShare
 from flotilla_server.http.settings import ServerSettings
 from flotilla_server.http.state import ServedModel, ServerState
 
@@ -47,8 +49,13 @@ class Drainable(Protocol):
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, state: Drainable, drain_timeout_s: float) -> None:
+    """`signals_from_parent`: one of several HTTP processes, which drains on the SIGTERMs its parent forwards
+    (http/fronts.py) and ignores the SIGINT a terminal sends the whole process group."""
+
+    def __init__(self, config: uvicorn.Config, state: Drainable, drain_timeout_s: float,
+                 signals_from_parent: bool = False) -> None:
         super().__init__(config)
+        self._signals_from_parent = signals_from_parent
         self._state = state
         self._drain_timeout_s = drain_timeout_s
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -62,6 +69,8 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # never record the signal: uvicorn would re-raise it after shutdown and the exit status would be -15
+        if self._signals_from_parent and sig == signal.SIGINT:
+            return
         if self._loop is None or self._cutting_off:
             self.force_exit = self.should_exit = True
             return
@@ -109,6 +118,10 @@ def drain_started_message(signal_name: str, in_flight: int, drain_timeout_s: flo
     return f"{signal_name}: draining; {in_flight} request(s) in flight, up to {drain_timeout_s:g} s"
 
 
+def serving_message(settings: ServerSettings, name: str) -> str:
+    return f"flotilla-server: serving {name!r} on http://{settings.host}:{settings.port}; try:\n  {curl_example(settings, name)}"
+
+
 def curl_example(settings: ServerSettings, model_name: str) -> str:
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
     return (
@@ -122,35 +135,50 @@ def configure_logging(settings: ServerSettings) -> None:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def build_state(settings: ServerSettings, engine: EngineClient, model: ServedModel) -> ServerState:
-    """One model's serving state: its engine, tokenizer and admission queue (a multi-model server's lanes too)."""
+def served_model(settings: ServerSettings, info: EngineInfo) -> ServedModel:
+    return ServedModel(
+        name=settings.served_model_name or info.name, tokenizer=info.tokenizer, vocab_size=info.vocab_size,
+        max_model_len=info.max_model_len, description=info.description, is_demonstration=info.is_demonstration,
+    )
+
+
+def build_state(settings: ServerSettings, engine: EngineClient, model: ServedModel,
+                share: FrontShare | None = None) -> ServerState:
+    """One model's serving state: its engine, tokenizer and admission queue (a multi-model server's lanes too);
+    with `share`, one of several HTTP processes' part of the queue (http/front_share.py)."""
+    depth, batch_depth, tenant_max = settings.queue_capacity, settings.batch_queue_capacity, settings.tenant_max_queued
+    shared: dict = {}
+    if share is not None:
+        depth, batch_depth, tenant_max = share.of(depth), share.of(batch_depth), share.of_cap(tenant_max)
+        shared = {"front_slots": share.of(engine.stats().num_slots), "shared_queue_capacity": settings.queue_capacity}
     return ServerState(
         engine=engine, tokenizer=model.tokenizer, served_model_name=model.name, max_model_len=model.max_model_len,
         vocab_size=model.vocab_size, model_description=model.description,
         admission=AdmissionQueue(
-            engine, depth=settings.queue_capacity, queue_timeout_s=settings.queue_timeout_s,
-            class_timeouts_s=settings.class_timeouts_s, batch_depth=settings.batch_queue_capacity,
-            tenant_max_queued=settings.tenant_max_queued,
+            engine, depth=depth, queue_timeout_s=settings.queue_timeout_s, class_timeouts_s=settings.class_timeouts_s,
+            batch_depth=batch_depth, tenant_max_queued=tenant_max,
         ),
+        **shared,
     )
 
 
-def serve(settings: ServerSettings, engine: EngineClient, model: ServedModel) -> int:
-    """Serve until drained (0) or the engine dies (1); shuts the (started) engine down on the way out."""
+def serve(settings: ServerSettings, engine: EngineClient, model: ServedModel, share: FrontShare | None = None,
+          sock: socket.socket | None = None) -> int:
+    """Serve until drained (0) or the engine dies (1); shuts the (started) engine down on the way out.
+    With `share` and `sock`: one of several HTTP processes (flotilla_server/fronts.py), on its own socket."""
     name = model.name
-    state = build_state(settings, engine, model)
+    state = build_state(settings, engine, model, share)
     app = create_app(state, settings.max_body_bytes, settings.api_key)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             timeout_graceful_shutdown=1, access_log=False, http=door_protocol(state, settings.api_key),
                             loop=EVENT_LOOP)
-    server = DrainingServer(config, state, settings.drain_timeout_s)
+    server = DrainingServer(config, state, settings.drain_timeout_s, signals_from_parent=share is not None)
     engine.add_death_listener(server.on_engine_death)
-    # a demonstration model is announced once, by the loader's warning
-    print(f"flotilla-server: serving {name!r} on http://{settings.host}:{settings.port}; try:\n"
-          f"  {curl_example(settings, name)}", flush=True)
+    if share is None:  # several HTTP processes: their parent says it once
+        print(serving_message(settings, name), flush=True)  # a demonstration model is announced by the loader
     freeze_startup_heap()  # with --engine-mode inprocess this holds the model and the engine too
     try:
-        server.run()
+        server.run(sockets=None if sock is None else [sock])
     finally:
         engine.shutdown()
     if server.engine_died:

@@ -53,6 +53,7 @@ class ServerSettings:
     cuda_graphs: str = "auto"
     max_body_bytes: int = f.DEFAULT_MAX_BODY_BYTES
     engine_mode: str = "process"
+    http_processes: int = 1
     log_level: str = "info"
     api_key: str | None = field(default=None, repr=False)  # a secret: kept out of logs and tracebacks
 
@@ -93,6 +94,14 @@ class ServerSettings:
             raise ValueError(f"--cuda-graphs on needs --device cuda (a CUDA graph runs on a GPU), got --device {self.device}")
         if self.engine_mode not in f.ENGINE_MODES:
             raise ValueError(f"--engine-mode must be one of {', '.join(f.ENGINE_MODES)}, got {self.engine_mode!r}")
+        if self.http_processes < 1:
+            raise ValueError(f"--http-processes must be >= 1, got {self.http_processes}")
+        if self.http_processes > 1 and self.engine_mode != "process":
+            raise ValueError(f"--http-processes {self.http_processes} needs --engine-mode process: an engine on a "
+                             "thread of one HTTP process cannot serve another")
+        if self.http_processes > 1 and self.multi_model:
+            raise ValueError(f"--http-processes {self.http_processes} serves one model; in multi-model mode leave "
+                             "it at 1")
         if self.max_body_bytes < 1024:
             raise ValueError(f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}")
         if self.load_timeout_s <= 0:

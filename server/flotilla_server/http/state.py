@@ -61,20 +61,36 @@ class ServerState:
     in_flight: int = 0  # requests past the drain check and not yet answered (queued or running)
     live: set[str] = field(default_factory=set)  # admitted requests whose outcome is not yet counted
     slow_clients: set[str] = field(default_factory=set)  # live requests the engine cut off as slow_client
+    # several HTTP processes (http/fronts.py): this one's share of the slots, and the whole queue's capacity;
+    # the gauges and the load report then count the engine's queue, which holds every process's waiters
+    front_slots: int | None = None
+    shared_queue_capacity: int | None = None
     _idle: asyncio.Event | None = None
 
     def __post_init__(self) -> None:
         self.metrics = ServerMetrics(self.served_model_name, self.snapshot)
-        self.door_limit = self.admission.depth + self.engine.stats().num_slots
+        slots = self.engine.stats().num_slots if self.front_slots is None else self.front_slots
+        self.door_limit = self.admission.depth + slots
+
+    @property
+    def queue_capacity(self) -> int:
+        return self.admission.depth if self.shared_queue_capacity is None else self.shared_queue_capacity
+
+    def queued_by_class(self) -> dict[str, int]:
+        """Requests waiting for admission, by class: this process's exact count, or with several HTTP
+        processes the engine's count of them all after its last turn."""
+        if self.shared_queue_capacity is None:
+            return self.admission.waiting_by_class()
+        return dict(self.engine.stats().queued_by_class)
 
     def snapshot(self) -> StateSnapshot:
         s = self.engine.stats()
-        queued = self.admission.waiting_by_class()
+        queued = self.queued_by_class()
         return StateSnapshot(
             waiting_by_class={c: n + s.waiting_by_class.get(c, 0) for c, n in queued.items()},
             running_by_class=s.running_by_class,
             preemptions_by_class=s.preemptions_by_class,
-            requests_waiting=len(self.admission) + s.num_waiting,
+            requests_waiting=sum(queued.values()) + s.num_waiting,
             requests_running=s.num_running,
             slots=s.num_slots,
             kv_blocks_total=s.kv_blocks_total,

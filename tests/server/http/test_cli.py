@@ -92,6 +92,9 @@ def test_parse_bytes(text, expected):
     (["--served-model-name", " "], {}, "error: --served-model-name is empty"),
     (["--kv-cache-memory", "lots"], {}, "not a size"),
     ([], {"FLOTILLA_MAX_NUM_SEQS": "many"}, "FLOTILLA_MAX_NUM_SEQS='many'"),
+    (["--http-processes", "0"], {}, "error: --http-processes must be >= 1, got 0"),
+    (["--http-processes", "2", "--engine-mode", "inprocess"], {}, "--http-processes 2 needs --engine-mode process"),
+    (["--http-processes", "2", "--model", "a=tiny"], {}, "--http-processes 2 serves one model"),
 ])
 def test_bad_values_exit_with_a_message(argv, env, message, capsys):
     if message == "prefill":  # the flag's valid value wins over the variable's bad one

@@ -29,4 +29,4 @@ async def readyz(state: State) -> JSONResponse:
 @router.get("/metrics")
 async def metrics(state: State) -> Response:
     """Prometheus metrics, every series labelled with the model."""
-    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(state.metrics.exposition), media_type=CONTENT_TYPE_LATEST)

@@ -15,8 +15,8 @@ router = APIRouter(tags=["health"])
 @router.get(LOAD_PATH, response_model=ServerLoad)
 async def load(state: State) -> Response:
     """Queue, slots, KV usage and readiness in one small JSON body; ready is false while loading or draining."""
-    report = server_load(stats=state.engine.stats(), queued=len(state.admission),
-                         queue_capacity=state.admission.depth, accepting=state.accepting,
+    report = server_load(stats=state.engine.stats(), queued=sum(state.queued_by_class().values()),
+                         queue_capacity=state.queue_capacity, accepting=state.accepting,
                          model_name=state.served_model_name)
     # serialized here, once: FastAPI would validate the model a second time through response_model
     return Response(report.model_dump_json(), media_type="application/json")
