@@ -262,7 +262,7 @@ class ProcessBackend(_PipeBackend):
 
 class ConnectedBackend(_PipeBackend):
     """One of several HTTP processes' pipe to an engine process that another process started and stops
-    (http/fronts.py): closing says Shutdown for this HTTP process alone (engine/front_inbox.py)."""
+    (flotilla_server/fronts.py): closing says Shutdown for this HTTP process alone (engine/front_inbox.py)."""
 
     def __init__(self, conn: Any, info: EngineInfo) -> None:
         super().__init__()

@@ -136,7 +136,7 @@ class ServerMetrics:
         self.classes = ClassMetrics(r, model)
         state = _StateCollector(model, snapshot)
         r.register(state)
-        # what /metrics shows: this registry, or with several HTTP processes (http/fronts.py) every process's
+        # what /metrics shows: this registry, or with several HTTP processes (flotilla_server/fronts.py) every process's
         # counters and histograms, which prometheus_client keeps in files under PROMETHEUS_MULTIPROC_DIR,
         # beside the state gauges, which each process reads from the engine's shared stats
         self.exposition = r

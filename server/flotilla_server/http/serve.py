@@ -50,7 +50,7 @@ class Drainable(Protocol):
 
 class DrainingServer(uvicorn.Server):
     """`signals_from_parent`: one of several HTTP processes, which drains on the SIGTERMs its parent forwards
-    (http/fronts.py) and ignores the SIGINT a terminal sends the whole process group."""
+    (flotilla_server/fronts.py) and ignores the SIGINT a terminal sends the whole process group."""
 
     def __init__(self, config: uvicorn.Config, state: Drainable, drain_timeout_s: float,
                  signals_from_parent: bool = False) -> None:

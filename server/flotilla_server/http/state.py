@@ -61,7 +61,7 @@ class ServerState:
     in_flight: int = 0  # requests past the drain check and not yet answered (queued or running)
     live: set[str] = field(default_factory=set)  # admitted requests whose outcome is not yet counted
     slow_clients: set[str] = field(default_factory=set)  # live requests the engine cut off as slow_client
-    # several HTTP processes (http/fronts.py): this one's share of the slots, and the whole queue's capacity;
+    # several HTTP processes (flotilla_server/fronts.py): this one's share of the slots, and the whole queue's capacity;
     # the gauges and the load report then count the engine's queue, which holds every process's waiters
     front_slots: int | None = None
     shared_queue_capacity: int | None = None
