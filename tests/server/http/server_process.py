@@ -7,9 +7,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -77,3 +78,39 @@ def run_server(*args: str, tmp_path: Path, startup_timeout_s: float = 120.0,
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@dataclass
+class Streams:
+    """Streams started by `start_streams`: each one's last two SSE lines once it has ended."""
+
+    threads: list[threading.Thread]
+    endings: list[str] = field(default_factory=list)
+
+    def join(self, timeout_s: float) -> None:
+        for t in self.threads:
+            t.join(timeout=timeout_s)
+            assert not t.is_alive(), "a stream hung"
+
+
+def start_streams(base_url: str, count: int, max_tokens: int, timeout_s: float = 60.0) -> Streams:
+    """`count` streamed completions of `max_tokens`, returned once every one has its first token."""
+    body = {"model": "tiny", "prompt": "a long answer", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    started = threading.Barrier(count + 1)
+    streams = Streams([])
+
+    def stream() -> None:
+        with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=timeout_s) as r:
+            lines = r.iter_lines()
+            for line in lines:
+                if line.startswith("data: {"):
+                    break
+            started.wait()
+            chunks = [line for line in lines if line.startswith("data: ")]
+            streams.endings.append(chunks[-2] + chunks[-1] if len(chunks) > 1 else repr(chunks))
+
+    streams.threads = [threading.Thread(target=stream) for _ in range(count)]
+    for t in streams.threads:
+        t.start()
+    started.wait(timeout=timeout_s)
+    return streams

@@ -8,14 +8,13 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.server.http.server_process import REPO, run_server
+from tests.server.http.server_process import REPO, run_server, start_streams
 from tests.support.ports import free_port
 
 pytestmark = pytest.mark.serial  # deadlines after killing a process
@@ -51,33 +50,14 @@ def test_a_killed_engine_makes_readyz_503_fails_the_streams_and_exits_1(tmp_path
     with run_server("--max-model-len", "512", tmp_path=tmp_path) as s:
         engine = engine_pid(s.log())
         assert engine in children(s.proc.pid)
-        body = {"model": "tiny", "prompt": "the engine dies", "max_tokens": 450, "ignore_eos": True, "stream": True}
-        started = threading.Barrier(4)
-        endings: list[str] = []
-
-        def stream() -> None:
-            with httpx.stream("POST", f"{s.base_url}/v1/completions", json=body, timeout=30) as r:
-                lines = r.iter_lines()
-                for line in lines:
-                    if line.startswith("data: {"):
-                        break
-                started.wait()
-                chunks = [line for line in lines if line.startswith("data: ")]
-                endings.append(chunks[-2] + chunks[-1] if len(chunks) > 1 else repr(chunks))
-
-        threads = [threading.Thread(target=stream) for _ in range(3)]
-        for t in threads:
-            t.start()
-        started.wait(timeout=60)
+        streams = start_streams(s.base_url, 3, 450, timeout_s=30)
         os.kill(engine, signal.SIGKILL)
         wait_until(lambda: httpx.get(f"{s.base_url}/readyz", timeout=5).status_code == 503, 5, "/readyz stayed 200")
         assert httpx.get(f"{s.base_url}/readyz", timeout=5).json() == {"status": "engine_dead"}
-        for t in threads:
-            t.join(timeout=20)
-            assert not t.is_alive(), "a stream hung after the engine died"
+        streams.join(20)
         assert s.proc.wait(timeout=20) == 1
-        assert len(endings) == 3
-        for ending in endings:
+        assert len(streams.endings) == 3
+        for ending in streams.endings:
             assert '"engine_error"' in ending and ending.endswith("data: [DONE]"), ending
         assert "every request in flight fails" in s.log()
 

@@ -10,7 +10,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.http.server_process import REPO, run_server
+from tests.server.http.server_process import REPO, run_server, start_streams
 from tests.server.http.test_engine_process import _ready, alive, children, wait_until
 from tests.support.ports import free_port
 
@@ -40,18 +39,6 @@ def http_pids(log: str) -> list[int]:
 
 def engine_pid(log: str) -> int:
     return int(re.search(r"over the engine in process (\d+)", log)[1])
-
-
-def stream_until_done(base_url: str, max_tokens: int, started: threading.Barrier, endings: list[str]) -> None:
-    body = {"model": "tiny", "prompt": "a long answer", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=60) as r:
-        lines = r.iter_lines()
-        for line in lines:
-            if line.startswith("data: {"):
-                break
-        started.wait()
-        chunks = [line for line in lines if line.startswith("data: ")]
-        endings.append(chunks[-2] + chunks[-1] if len(chunks) > 1 else repr(chunks))
 
 
 def test_two_http_processes_answer_as_one_server(tmp_path) -> None:
@@ -89,37 +76,25 @@ def test_two_http_processes_answer_as_one_server(tmp_path) -> None:
 def test_sigterm_drains_both_http_processes_then_everything_exits_0(tmp_path) -> None:
     with run_server(*FLAGS, tmp_path=tmp_path) as s:
         everyone = descendants(s.proc.pid)
-        started, endings = threading.Barrier(5), []
-        threads = [threading.Thread(target=stream_until_done, args=(s.base_url, 300, started, endings))
-                   for _ in range(4)]
-        for t in threads:
-            t.start()
-        started.wait(timeout=60)
+        streams = start_streams(s.base_url, 4, 300)
         s.proc.send_signal(signal.SIGTERM)
         wait_until(lambda: not _ready(int(s.base_url.rsplit(":", 1)[1])), 5, "/readyz stayed 200 while draining")
-        for t in threads:
-            t.join(timeout=60)
+        streams.join(60)
         assert s.proc.wait(timeout=30) == 0
-        assert len(endings) == 4 and all('"finish_reason":"length"' in e for e in endings), endings
+        assert len(streams.endings) == 4, streams.endings
+        assert all('"finish_reason":"length"' in e for e in streams.endings), streams.endings
         wait_until(lambda: not any(alive(p) for p in everyone), 5, "a process outlived the drained server")
 
 
 def test_a_killed_engine_fails_the_streams_and_every_process_exits(tmp_path) -> None:
     with run_server(*FLAGS, tmp_path=tmp_path) as s:
         everyone = descendants(s.proc.pid)
-        started, endings = threading.Barrier(5), []
-        threads = [threading.Thread(target=stream_until_done, args=(s.base_url, 450, started, endings))
-                   for _ in range(4)]
-        for t in threads:
-            t.start()
-        started.wait(timeout=60)
+        streams = start_streams(s.base_url, 4, 450)
         os.kill(engine_pid(s.log()), signal.SIGKILL)
-        for t in threads:
-            t.join(timeout=20)
-            assert not t.is_alive(), "a stream hung after the engine died"
+        streams.join(20)
         assert s.proc.wait(timeout=20) == 1
-        assert len(endings) == 4
-        for ending in endings:
+        assert len(streams.endings) == 4
+        for ending in streams.endings:
             assert '"engine_error"' in ending and ending.endswith("data: [DONE]"), ending
         wait_until(lambda: not any(alive(p) for p in everyone), 5, "a process outlived the failed server")
 
