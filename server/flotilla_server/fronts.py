@@ -32,6 +32,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 from multiprocessing.connection import Connection, wait
 from types import FrameType
 from typing import Any
@@ -89,19 +90,20 @@ class _Fronts:
 
     def watch(self) -> None:
         """Until every HTTP process has exited; after the first failure, the others get _STRAGGLER_S."""
+        kill_at_s: float | None = None
         while self.live():
-            wait([p.sentinel for p in self.live()], timeout=_STRAGGLER_S if self.failed else None)
-            for p in self.processes:
-                p.join(0)
+            left_s = None if kill_at_s is None else max(0.0, kill_at_s - time.monotonic())
+            wait([p.sentinel for p in self.live()], timeout=left_s)
             bad = [p for p in self.processes if p.exitcode not in (None, 0)]
             if bad and not self.failed:
                 self.failed = True
+                kill_at_s = time.monotonic() + _STRAGGLER_S
                 log.error("HTTP process %s exited with code %s: stopping the others; exiting 1",
                           bad[0].pid, bad[0].exitcode)
                 for p in self.live():
                     os.kill(p.pid, signal.SIGTERM)
                     os.kill(p.pid, signal.SIGTERM)  # the second cuts off what is in flight
-            elif self.failed:
+            elif kill_at_s is not None and time.monotonic() >= kill_at_s:
                 for p in self.live():
                     p.kill()
                     p.join(5.0)

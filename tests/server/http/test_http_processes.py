@@ -116,3 +116,12 @@ def test_sigkill_of_the_parent_leaves_no_process() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_killed_http_process_stops_the_server_with_exit_1(tmp_path) -> None:
+    with run_server(*FLAGS, tmp_path=tmp_path) as s:
+        everyone = descendants(s.proc.pid)
+        os.kill(http_pids(s.log())[0], signal.SIGKILL)
+        assert s.proc.wait(timeout=20) == 1  # the other was cut off and stopped: Kubernetes restarts the pod
+        wait_until(lambda: not any(alive(p) for p in everyone), 5, "a process outlived the failed server")
+        assert "exited with code -9: stopping the others; exiting 1" in s.log()
