@@ -93,7 +93,7 @@ SERVER_FLAGS: tuple[Flag, ...] = (
          "Context limit (prompt + output tokens); default: the model's, capped by what the KV pool holds "
          "for one sequence."),
     Flag("--queue-depth-per-slot", "queue_depth_per_slot", "int", DEFAULT_QUEUE_DEPTH_PER_SLOT,
-         "Admission queue depth per slot; the queue holds this × --max-num-seqs before answering 429."),
+         "Admission queue depth per slot, at least 1; the queue holds this × --max-num-seqs before answering 429."),
     Flag("--queue-timeout-s", "queue_timeout_s", "float", DEFAULT_QUEUE_TIMEOUT_S,
          "Longest wait in the admission queue before 429, seconds."),
     Flag("--class-weights", "class_weights", "str",

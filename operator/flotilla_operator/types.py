@@ -387,7 +387,7 @@ class ServerSpec(ApiModel):
     )
     max_model_len: int | None = Field(None, description="maxModelLen caps the context length; unset takes the model's own, capped by what the KV cache holds for one sequence.", ge=1)
     queue_depth_per_slot: int = Field(
-        server_flags.DEFAULT_QUEUE_DEPTH_PER_SLOT, description="queueDepthPerSlot bounds the admission queue at this many waiting requests per slot.", ge=0
+        server_flags.DEFAULT_QUEUE_DEPTH_PER_SLOT, description="queueDepthPerSlot bounds the admission queue at this many waiting requests per slot; at least 1, since every request waits in it, however briefly, before the engine admits it.", ge=1
     )
     queue_timeout_seconds: float = Field(
         server_flags.DEFAULT_QUEUE_TIMEOUT_S, description="queueTimeoutSeconds is how long a request may wait before it gets 429.", gt=0

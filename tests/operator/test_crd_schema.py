@@ -99,6 +99,8 @@ INVALID = [
      "spec.model.source.huggingface.file: 'model.safetensors' does not match"),
     ("Hugging Face file climbing out of the volume", _with("model.source", {"huggingface": {"repo": "o/m", "file": "../x.gguf"}}),
      "spec.model.source.huggingface.file: '../x.gguf' does not match"),
+    ("no queue places", _with("server.queueDepthPerSlot", 0),
+     "spec.server.queueDepthPerSlot: 0 is less than the minimum of 1"),
     ("zero queue timeout", _with("server.queueTimeoutSeconds", 0),
      "spec.server.queueTimeoutSeconds: 0 is less than or equal to the minimum of 0"),
     ("unknown request class", _with("server.classes.weights", {"bulk": 1}),

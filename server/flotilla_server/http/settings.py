@@ -62,8 +62,8 @@ class ServerSettings:
             raise ValueError("--api-key (FLOTILLA_API_KEY) is empty: set a key, or leave it unset for no key")
         if not 0 < self.port < 65536:
             raise ValueError(f"--port must be in 1..65535, got {self.port}")
-        if self.queue_depth_per_slot < 0:
-            raise ValueError(f"--queue-depth-per-slot must be >= 0, got {self.queue_depth_per_slot}")
+        if self.queue_depth_per_slot < 1:  # every request waits in the queue, however briefly, before admission
+            raise ValueError(f"--queue-depth-per-slot must be >= 1, got {self.queue_depth_per_slot}")
         if self.queue_timeout_s <= 0:
             raise ValueError(f"--queue-timeout-s must be > 0, got {self.queue_timeout_s}")
         self.class_weight_map  # noqa: B018 (each parses once here, so a bad value fails at start-up)
@@ -102,6 +102,11 @@ class ServerSettings:
         if self.http_processes > 1 and self.multi_model:
             raise ValueError(f"--http-processes {self.http_processes} serves one model; in multi-model mode leave "
                              "it at 1")
+        if self.http_processes > 1 and min(self.queue_capacity, self.batch_queue_capacity) < self.http_processes:
+            raise ValueError(f"--http-processes {self.http_processes} needs a queue place for each HTTP process, for "
+                             f"batch requests too: the queue holds {self.queue_capacity} (--queue-depth-per-slot × "
+                             f"--max-num-seqs), {self.batch_queue_capacity} of them for batch (less the reserved "
+                             "slots' share); raise --queue-depth-per-slot or lower --http-processes")
         if self.max_body_bytes < 1024:
             raise ValueError(f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}")
         if self.load_timeout_s <= 0:

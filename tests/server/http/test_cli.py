@@ -93,8 +93,11 @@ def test_parse_bytes(text, expected):
     (["--kv-cache-memory", "lots"], {}, "not a size"),
     ([], {"FLOTILLA_MAX_NUM_SEQS": "many"}, "FLOTILLA_MAX_NUM_SEQS='many'"),
     (["--http-processes", "0"], {}, "error: --http-processes must be >= 1, got 0"),
+    (["--queue-depth-per-slot", "0"], {}, "error: --queue-depth-per-slot must be >= 1, got 0"),
     (["--http-processes", "2", "--engine-mode", "inprocess"], {}, "--http-processes 2 needs --engine-mode process"),
     (["--http-processes", "2", "--model", "a=tiny"], {}, "--http-processes 2 serves one model"),
+    (["--http-processes", "3", "--max-num-seqs", "2", "--queue-depth-per-slot", "1"], {},
+     "--http-processes 3 needs a queue place for each HTTP process, for batch requests too: the queue holds 2"),
 ])
 def test_bad_values_exit_with_a_message(argv, env, message, capsys):
     if message == "prefill":  # the flag's valid value wins over the variable's bad one
