@@ -79,11 +79,20 @@ class _Fronts:
     def __init__(self, processes: list[Any]) -> None:
         self.processes = processes
         self.failed = False
+        self._signals = 0
+        self._passed_on: dict[int, int] = {}  # by pid: signals passed on
 
     def forward(self, sig: int, frame: FrameType | None) -> None:
         log.info("%s: passed on to %d HTTP process(es)", signal.Signals(sig).name, len(self.live()))
+        self._signals += 1
+        self.catch_up()
+
+    def catch_up(self) -> None:
+        """Pass every signal received so far to each live process, once: one started after a signal gets it."""
         for p in self.live():
-            os.kill(p.pid, signal.SIGTERM)
+            while self._passed_on.get(p.pid, 0) < self._signals:
+                self._passed_on[p.pid] = self._passed_on.get(p.pid, 0) + 1
+                os.kill(p.pid, signal.SIGTERM)
 
     def live(self) -> list[Any]:
         return [p for p in self.processes if p.pid is not None and p.exitcode is None]
@@ -114,7 +123,7 @@ def serve_fronts(settings: ServerSettings, engine: EngineProcess) -> int:
     count = settings.http_processes
     sockets = [listening_socket(settings.host, settings.port) for _ in range(count)]
     metrics_dir = tempfile.mkdtemp(prefix="flotilla-metrics-")
-    os.environ[MULTIPROCESS_DIR_ENV] = metrics_dir  # inherited by the HTTP processes only: the engine runs
+    os.environ[MULTIPROCESS_DIR_ENV] = metrics_dir  # inherited by the HTTP processes (the engine already runs)
     ctx = mp.get_context("spawn")
     processes = [ctx.Process(target=run_front, name=f"flotilla-http[{i}]",
                              args=(settings, FrontShare(i, count), engine.conns[i], engine.info, sockets[i]))
@@ -124,6 +133,7 @@ def serve_fronts(settings: ServerSettings, engine: EngineProcess) -> int:
     try:
         for p in processes:
             p.start()
+        fronts.catch_up()  # a signal that came while they started
         for held in (*sockets, *engine.conns):
             held.close()  # theirs now: the engine sees EOF when they are gone, not when this process is
         print(serving_message(settings, settings.served_model_name or engine.info.name)
