@@ -100,9 +100,9 @@ class _Fronts:
     def watch(self) -> None:
         """Until every HTTP process has exited; after the first failure, the others get _STRAGGLER_S."""
         kill_at_s: float | None = None
-        while self.live():
+        while live := self.live():  # one look: a process reaped between two would leave wait() nothing to wait on
             left_s = None if kill_at_s is None else max(0.0, kill_at_s - time.monotonic())
-            wait([p.sentinel for p in self.live()], timeout=left_s)
+            wait([p.sentinel for p in live], timeout=left_s)
             bad = [p for p in self.processes if p.exitcode not in (None, 0)]
             if bad and not self.failed:
                 self.failed = True
