@@ -229,8 +229,6 @@ class ProcessBackend(_PipeBackend):
 
     def __init__(self, config: EngineConfig, options: EngineOptions, startup_timeout_s: float = 600.0,
                  start_method: str = "spawn") -> None:
-        if start_method not in START_METHODS:
-            raise ValueError(f"start_method must be one of {', '.join(START_METHODS)}, got {start_method!r}")
         super().__init__()
         self._config, self._options = config, options
         self._start_method = start_method

@@ -42,10 +42,6 @@ class FrontInbox:
         self._owners: dict[str, _Owner] = {}
         self._pending: deque[Any] = deque()  # messages for the loop, in the order they were read
 
-    def owner(self, request_id: str) -> int | None:
-        o = self._owners.get(request_id)
-        return None if o is None else o.front
-
     # --- the loop's Inbox ----------------------------------------------------------------------------
 
     def wait(self, timeout_s: float | None) -> bool:
@@ -102,13 +98,11 @@ class FrontInbox:
 
     def send(self, update: EngineUpdate) -> None:
         """Each HTTP process gets its own requests' news and the shared stats."""
-        by_front: dict[int, EngineUpdate] = {
-            f: EngineUpdate(update.stats, record=update.record if f == min(self._conns) else None)
-            for f in self._conns
-        }
+        first = min(self._conns, default=None)
+        by_front = {f: EngineUpdate(update.stats, record=update.record if f == first else None) for f in self._conns}
         for rid in update.admitted:
-            if (f := self.owner(rid)) in by_front:
-                by_front[f].admitted.append(rid)
+            if (o := self._owners.get(rid)) is not None and o.front in by_front:
+                by_front[o.front].admitted.append(rid)
         for rid, why in update.refused:
             o = self._owners.pop(rid, None)
             if o is not None and o.front in by_front:

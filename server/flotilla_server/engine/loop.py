@@ -64,6 +64,7 @@ class EngineLoop:
             max_overtakes=max_overtakes,
         ))
         self._waiting: dict[str, _Waiter] = {}
+        self._queued_by_class = dict.fromkeys(REQUEST_CLASSES, 0)  # self._waiting, counted as it changes
         self._refused: list[tuple[str, str]] = []
         self._dirty = False  # state changed since the last update (an abort, an arrival)
         self._steps = 0
@@ -99,11 +100,13 @@ class EngineLoop:
                 return
             waiter, p = _Waiter(message), message.params
             self._waiting[rid] = waiter
+            self._queued_by_class[message.params.request_class] += 1
             self._policy.push(waiter, request_class=p.request_class, tenant=p.tenant, priority=p.priority,
                               num_slots=p.n)
         elif isinstance(message, AbortRequest):
             waiter = self._waiting.pop(message.request_id, None)
             if waiter is not None:
+                self._queued_by_class[waiter.request.params.request_class] -= 1
                 self._policy.remove(waiter)
             else:
                 self.core.abort(message.request_id)
@@ -124,13 +127,8 @@ class EngineLoop:
             admitted = True  # leaves the queue
         if admitted:
             del self._waiting[r.request_id]
+            self._queued_by_class[r.params.request_class] -= 1
         return admitted
-
-    def _queued_by_class(self) -> dict[str, int]:
-        counts = dict.fromkeys(REQUEST_CLASSES, 0)
-        for waiter in self._waiting.values():
-            counts[waiter.request.params.request_class] += 1
-        return counts
 
     # --- one turn -----------------------------------------------------------------------------------
 
@@ -160,7 +158,7 @@ class EngineLoop:
             outputs = self.core.step(after_schedule=after)
         if not (admitted or outputs or self._record or self._dirty):
             return None
-        update = EngineUpdate(replace(self.core.stats(), queued_by_class=self._queued_by_class()), admitted,
+        update = EngineUpdate(replace(self.core.stats(), queued_by_class=dict(self._queued_by_class)), admitted,
                               self._refused, outputs, self._record)
         self._refused = []
         self._dirty = False
