@@ -6,7 +6,9 @@ engine process together) beside wall time. Two scenarios (docs/benchmarks.md, "E
 
 - stream: 64 clients stream at once against 64 slots: output tokens/s, and /healthz p99 meanwhile;
 - burst: 200 requests at once against 4 slots (32 queued), 3 times per server: the queue-full 429s' p95
-  (429 queue_timeout excluded), and /healthz p99 and maximum meanwhile.
+  (429 queue_timeout excluded), and /healthz p99 and maximum meanwhile;
+- busy burst: the same, each burst landing while 4 long streams hold the 4 slots (bench/busy_streams.py), so
+  that the engine steps while the refusals are written.
 
 With `--http-processes N` (N > 1) a third arm, `process-Nhttp`, serves the process mode through N HTTP
 processes (docs/serving.md, "HTTP processes"), interleaved with the others.
@@ -26,10 +28,16 @@ import statistics
 import time
 from pathlib import Path
 
+from flotilla_server.bench.busy_streams import BusyStreams, wait_idle
 from flotilla_server.bench.kernel_clock import UNANSWERED, HealthPoller, burst, post
 from flotilla_server.bench.tiny_server import tiny_server
 
 MODES = ("process", "inprocess")
+BURST_FLAGS = ("--max-num-seqs", "4", "--queue-depth-per-slot", "8")
+# Busy burst: the requests queued behind the busy streams give up after 1 s (429 queue_timeout, not counted),
+# well before the streams' 1,500 tokens end (about 6 s on tiny at 4 slots on 2 cores).
+BUSY_STREAM_TOKENS = 1500
+BUSY_FLAGS = (*BURST_FLAGS, "--queue-timeout-s", "1", "--max-model-len", "2048")
 
 
 def arms(http_processes: int) -> dict[str, tuple[str, ...]]:
@@ -89,18 +97,28 @@ async def _stream(port: int, pid: int, clients: int, max_tokens: int) -> dict:
             "healthz_p99_ms": _pct(poller.latencies_s, 0.99) * 1000, "healthz_unanswered": poller.unanswered}
 
 
-def measure_burst(port: int, pid: int, requests: int, max_tokens: int, bursts: int) -> dict:
+def measure_burst(port: int, pid: int, requests: int, max_tokens: int, bursts: int, busy_streams: int = 0) -> dict:
     """`bursts` bursts of `requests` at once, each once the last one's admitted requests are done: a server's
-    later bursts meet what its first left behind (a heap to collect, caches warm)."""
+    later bursts meet what its first left behind (a heap to collect, caches warm). With `busy_streams`, each
+    burst lands while that many streams of BUSY_STREAM_TOKENS run, closed once the burst is answered."""
     request = post("/v1/completions", {"model": "tiny", "prompt": "a crowd", "max_tokens": max_tokens,
                                        "ignore_eos": True, "stream": True})
+    busy = post("/v1/completions", {"model": "tiny", "prompt": "the engine's own work",
+                                    "max_tokens": BUSY_STREAM_TOKENS, "ignore_eos": True, "stream": True})
     refused: list[float] = []
     unanswered = 0
     with HealthPoller(port) as poller:
         time.sleep(0.3)
         cpu0, t0 = _cpu_s(pid), time.perf_counter()
         for _ in range(bursts):
-            answers = burst(port, request, requests)
+            if busy_streams:
+                with BusyStreams(port, busy_streams, busy) as streams:
+                    answers = burst(port, request, requests)
+                if streams.ended_early:
+                    raise RuntimeError("a busy stream ended before its burst was answered: raise BUSY_STREAM_TOKENS")
+                wait_idle(port)
+            else:
+                answers = burst(port, request, requests)
             refused += [a.latency_s for a in answers if a.status == 429 and a.error_code == "queue_full"]
             unanswered += sum(a.status == UNANSWERED for a in answers)
         wall_s, cpu_s = time.perf_counter() - t0, _cpu_s(pid) - cpu0
@@ -115,15 +133,17 @@ def measure_burst(port: int, pid: int, requests: int, max_tokens: int, bursts: i
 def run_modes(runs: int, clients: int, stream_tokens: int, burst_size: int, bursts: int,
               http_processes: int = 1) -> dict[str, dict[str, list[dict]]]:
     flags = arms(http_processes)
-    results: dict[str, dict[str, list[dict]]] = {m: {"stream": [], "burst": []} for m in flags}
+    results: dict[str, dict[str, list[dict]]] = {m: {"stream": [], "burst": [], "busy_burst": []} for m in flags}
     for i in range(runs):
         for mode in list(flags) if i % 2 == 0 else reversed(flags):
             with tiny_server(*flags[mode], "--max-num-seqs", "64", "--max-model-len", "512") as server:
                 results[mode]["stream"].append(measure_stream(server.port, server.pid, clients, stream_tokens))
-            with tiny_server(*flags[mode], "--max-num-seqs", "4", "--queue-depth-per-slot", "8",
-                             "--queue-timeout-s", "5", "--max-model-len", "512") as server:
+            with tiny_server(*flags[mode], *BURST_FLAGS, "--queue-timeout-s", "5", "--max-model-len", "512") as server:
                 results[mode]["burst"].append(measure_burst(server.port, server.pid, burst_size, 64, bursts))
-            print(f"run {i + 1}/{runs} {mode}: {results[mode]['stream'][-1]} {results[mode]['burst'][-1]}",
+            with tiny_server(*flags[mode], *BUSY_FLAGS) as server:
+                results[mode]["busy_burst"].append(
+                    measure_burst(server.port, server.pid, burst_size, 64, bursts, busy_streams=4))
+            print(f"run {i + 1}/{runs} {mode}: " + " ".join(str(rows[-1]) for rows in results[mode].values()),
                   flush=True)
     return results
 
