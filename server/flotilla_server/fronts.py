@@ -100,22 +100,25 @@ class _Fronts:
     def watch(self) -> None:
         """Until every HTTP process has exited; after the first failure, the others get _STRAGGLER_S."""
         kill_at_s: float | None = None
-        while live := self.live():  # one look: a process reaped between two would leave wait() nothing to wait on
-            left_s = None if kill_at_s is None else max(0.0, kill_at_s - time.monotonic())
-            wait([p.sentinel for p in live], timeout=left_s)
+        # One look at who lives per turn, and failures checked before waiting: live() reaps an exited process,
+        # so one that failed before a turn is seen only in its exit code, never again by wait().
+        while live := self.live():
             bad = [p for p in self.processes if p.exitcode not in (None, 0)]
             if bad and not self.failed:
                 self.failed = True
                 kill_at_s = time.monotonic() + _STRAGGLER_S
                 log.error("HTTP process %s exited with code %s: stopping the others; exiting 1",
                           bad[0].pid, bad[0].exitcode)
-                for p in self.live():
+                for p in live:
                     os.kill(p.pid, signal.SIGTERM)
                     os.kill(p.pid, signal.SIGTERM)  # the second cuts off what is in flight
             elif kill_at_s is not None and time.monotonic() >= kill_at_s:
-                for p in self.live():
+                for p in live:
                     p.kill()
                     p.join(5.0)
+            else:
+                left_s = None if kill_at_s is None else max(0.0, kill_at_s - time.monotonic())
+                wait([p.sentinel for p in live], timeout=left_s)
 
 
 def serve_fronts(settings: ServerSettings, engine: EngineProcess) -> int:

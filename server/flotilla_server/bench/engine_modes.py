@@ -2,7 +2,7 @@
 
 A benchmark, not a test: for each mode it starts real `flotilla-server` processes, interleaving the modes
 run by run, and reports the median of the runs, with the servers' CPU-seconds (the HTTP process and its
-engine process together) beside wall time. Two scenarios (docs/benchmarks.md, "Engine modes"):
+engine process together) beside wall time. Three scenarios (docs/benchmarks.md, "Engine modes"):
 
 - stream: 64 clients stream at once against 64 slots: output tokens/s, and /healthz p99 meanwhile;
 - burst: 200 requests at once against 4 slots (32 queued), 3 times per server: the queue-full 429s' p95
@@ -157,9 +157,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=3, help="Runs per mode, interleaved; the median is reported.")
     p.add_argument("--clients", type=int, default=64, help="Concurrent streaming clients (stream scenario).")
     p.add_argument("--stream-tokens", type=int, default=256, help="Tokens each streaming client asks for.")
-    p.add_argument("--burst", type=int, default=200, help="Requests sent at once against 4 slots (burst scenario).")
+    p.add_argument("--burst", type=int, default=200, help="Requests sent at once against 4 slots (both burst scenarios).")
     p.add_argument("--bursts", type=int, default=3,
-                   help="Bursts per server (burst scenario), each after the last one's admitted requests finish.")
+                   help="Bursts per server (both burst scenarios), each after the last one's admitted requests finish.")
     p.add_argument("--http-processes", type=int, default=1,
                    help="Above 1: a third arm, the process mode through this many HTTP processes.")
     p.add_argument("--json", type=Path, help="Write every run and the medians here.")
