@@ -73,7 +73,7 @@ def run_front(settings: ServerSettings, share: FrontShare, conn: Connection, inf
     sys.exit(serve(settings, engine, served_model(settings, info), share=share, sock=sock))
 
 
-class _Fronts:
+class Fronts:
     """The parent's view of the HTTP processes: signals forwarded, exits watched."""
 
     def __init__(self, processes: list[Any]) -> None:
@@ -131,7 +131,7 @@ def serve_fronts(settings: ServerSettings, engine: EngineProcess) -> int:
     processes = [ctx.Process(target=run_front, name=f"flotilla-http[{i}]",
                              args=(settings, FrontShare(i, count), engine.conns[i], engine.info, sockets[i]))
                  for i in range(count)]
-    fronts = _Fronts(processes)
+    fronts = Fronts(processes)
     previous = {s: signal.signal(s, fronts.forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         for p in processes:

@@ -10,7 +10,7 @@ import signal
 import threading
 import time
 
-from flotilla_server.fronts import _Fronts
+from flotilla_server.fronts import Fronts
 
 
 def test_a_process_that_failed_before_the_watch_began_stops_the_others() -> None:
@@ -20,7 +20,7 @@ def test_a_process_that_failed_before_the_watch_began_stops_the_others() -> None
     failed.start()
     failed.join()  # reaped before the watch: no sentinel of it will ever wake a wait
     serving.start()
-    fronts = _Fronts([failed, serving])
+    fronts = Fronts([failed, serving])
     watcher = threading.Thread(target=fronts.watch, daemon=True)
     try:
         watcher.start()
@@ -40,7 +40,7 @@ def test_a_process_that_fails_while_watched_stops_the_others() -> None:
     serving = ctx.Process(target=time.sleep, args=(60,))
     serving.start()
     failing.start()  # it exits once its interpreter is up, while the parent waits
-    fronts = _Fronts([failing, serving])
+    fronts = Fronts([failing, serving])
     watcher = threading.Thread(target=fronts.watch, daemon=True)
     try:
         watcher.start()
@@ -60,7 +60,7 @@ def test_processes_that_all_exit_0_end_the_watch_without_failure() -> None:
     processes = [ctx.Process(target=time.sleep, args=(0.2,)) for _ in range(2)]
     for p in processes:
         p.start()
-    fronts = _Fronts(processes)
+    fronts = Fronts(processes)
     fronts.watch()
     assert not fronts.failed
     assert [p.exitcode for p in processes] == [0, 0]
