@@ -14,7 +14,7 @@ from flotilla_server.engine.messages import EngineOptions
 from flotilla_server.engine.sampling_params import SamplingParams
 
 from tests.support.engine_hooks import pause_at_step
-from tests.support.hf_models import random_prompts
+from tests.support.hf_models import hf_greedy, random_prompts
 
 from .conftest import DEVICE, run_to_completion
 from .conftest import make_engine as make_core
@@ -75,6 +75,18 @@ async def test_stream_yields_the_same_tokens_as_the_sync_engine(llama, engine_fa
     assert [e.finish_reason for e in events] == [None] * (len(events) - 1) + ["length"]
     assert events[-1].num_output_tokens == 20 and events[-1].num_prompt_tokens == 25
     await until(lambda: engine.stats().kv_blocks_used == 0)
+
+
+@pytest.mark.parametrize("mode", ["inprocess", "process"])
+async def test_concurrent_streams_equal_transformers_token_for_token(llama, engine_factory, mode) -> None:
+    path, _ = llama
+    prompts, new_tokens = random_prompts([5, 40, 130, 17], seed=23), [12, 20, 8, 16]
+    engine = engine_factory(mode, max_num_seqs=4, max_num_batched_tokens=64, prefill_chunk=32)
+    loop = asyncio.get_running_loop()
+    streams = [engine.submit(f"r{i}", prompt, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True), loop)
+               for i, (prompt, n) in enumerate(zip(prompts, new_tokens, strict=True))]
+    got = [tokens(events) for events in await asyncio.gather(*(collect(s) for s in streams))]
+    assert got == hf_greedy(path, prompts, new_tokens)
 
 
 async def test_a_request_waits_in_the_engine_until_a_slot_frees(engine_factory) -> None:
