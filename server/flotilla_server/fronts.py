@@ -100,8 +100,9 @@ class Fronts:
     def watch(self) -> None:
         """Until every HTTP process has exited; after the first failure, the others get _STRAGGLER_S."""
         kill_at_s: float | None = None
-        # One look at who lives per turn, and failures checked before waiting: live() reaps an exited process,
-        # so one that failed before a turn is seen only in its exit code, never again by wait().
+        # Failures are checked before each wait, not after: live() reaps an exited process, so one that failed
+        # before a turn is seen only in its exit code, never by wait(). Signals go to a fresh live(): only this
+        # process reaps, so a pid it has not reaped since is still its child's, if only as a zombie.
         while live := self.live():
             bad = [p for p in self.processes if p.exitcode not in (None, 0)]
             if bad and not self.failed:
@@ -109,11 +110,11 @@ class Fronts:
                 kill_at_s = time.monotonic() + _STRAGGLER_S
                 log.error("HTTP process %s exited with code %s: stopping the others; exiting 1",
                           bad[0].pid, bad[0].exitcode)
-                for p in live:
+                for p in self.live():
                     os.kill(p.pid, signal.SIGTERM)
                     os.kill(p.pid, signal.SIGTERM)  # the second cuts off what is in flight
             elif kill_at_s is not None and time.monotonic() >= kill_at_s:
-                for p in live:
+                for p in self.live():
                     p.kill()
                     p.join(5.0)
             else:
