@@ -16,6 +16,7 @@ import multiprocessing as mp
 import selectors
 import socket
 import time
+import urllib.request
 from typing import Any
 
 from flotilla_contract.load import LOAD_PATH
@@ -77,12 +78,8 @@ class BusyStreams:
 
 def load(port: int) -> dict:
     """The server's load report (flotilla_contract.load.ServerLoad as JSON)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % LOAD_PATH.encode())
-        raw = b""
-        while chunk := sock.recv(1 << 16):
-            raw += chunk
-    return json.loads(raw.partition(b"\r\n\r\n")[2])
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{LOAD_PATH}", timeout=5) as answer:
+        return json.load(answer)
 
 
 def wait_idle(port: int) -> None:
