@@ -2,8 +2,9 @@
 
 Four tiny models, once as cost-first members of one ModelPool of 2 replicas whose budget holds 2 models per
 replica, once as 4 dedicated InferenceModels of 1 replica, each behind the gateway, replaying the same
-request trace built from ../shared/traces (e2e/pool_bench/trace.py). `make bench` runs it; the figures and
-how to read them are in docs/benchmarks.md ("Shared pool against dedicated replicas").
+request trace built from an Azure trace that flotilla-sim ships (sim/flotilla_sim/traces;
+e2e/pool_bench/trace.py). `make bench` runs it; the figures and how to read them are in docs/benchmarks.md
+("Shared pool against dedicated replicas").
 
 It lives beside e2e/ because it drives what the e2e tests drive (emulated API, real operator, pod runner,
 real servers, gateway, Prometheus): no package of ours may import all of those (.importlinter).

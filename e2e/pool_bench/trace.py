@@ -1,6 +1,7 @@
 """The pool benchmark's request trace, built from a real one: a window of an Azure LLM inference trace
-(2023, CC BY 4.0; Patel et al., "Splitwise", ISCA 2024; ../shared/traces/README.md), thinned, time-compressed,
-spread over the benchmark's models by Zipf popularity, and its token counts scaled to the tiny model's context.
+(2023, CC BY 4.0; Patel et al., "Splitwise", ISCA 2024; sim/flotilla_sim/traces/README.md), thinned,
+time-compressed, spread over the benchmark's models by Zipf popularity, and its token counts scaled to the
+tiny model's context.
 
 Both arms of the benchmark replay the same list, so every difference between them is the serving layout's.
 Pure: no clock, no I/O (the caller reads the trace with `flotilla_sim.workload.read_azure`).

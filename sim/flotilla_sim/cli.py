@@ -3,32 +3,101 @@
   flotilla-sim fleet --models 1000 --gpus 10000 --out docs/sim     one Azure-trace day, fluid mode
   flotilla-sim trace FILE --fidelity request --out /tmp/sim         a trace file (docs/simulation.md)
   flotilla-sim generate diurnal --rate 20 --models 10 --duration-s 3600 -o trace.csv
+
+A bad flag, file or $FLOTILLA_TRACES stops the command before it simulates anything, with one line on
+stderr saying what to change and exit status 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import resource
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
 from flotilla_sim import experiment, policies, report, request_level, workload
-from flotilla_sim.server_model import fit_bench, roofline
+from flotilla_sim.errors import InputError
+from flotilla_sim.server_model import ServerProfile, fit_bench, roofline
 
 
-def _profile(name: str):
-    return roofline() if name == "roofline" else fit_bench(name)
+class OneLineParser(argparse.ArgumentParser):
+    """Errors as one line (no usage block), exit 2, pointing at --help: flotilla-server's format. Not imported
+    from flotilla_server.cli_errors, which imports torch (.importlinter forbids it here)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _policies(text: str) -> tuple[str, ...]:
-    names = tuple(n for n in text.split(",") if n) if text != "all" else policies.ALL
-    unknown = set(names) - set(policies.ALL)
-    if unknown:
-        raise SystemExit(f"unknown policies {sorted(unknown)}; choose from {', '.join(policies.ALL)}")
+# --- argument types: the parser refuses a value out of range before anything runs -----------------------
+
+
+def _whole(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = least - 1
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be a whole number, {least} or more, not {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """A count or a size: 0 models, GPUs, tokens or processes would simulate nothing."""
+    return _whole(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """A seed: numpy takes any whole number from 0 (the default) up."""
+    return _whole(text, 0)
+
+
+def positive_float(text: str) -> float:
+    """A rate or a duration: finite and above 0 (a 0 s tick or interval never advances)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a number above 0, not {text!r}")
+    return value
+
+
+def policy_names(text: str) -> tuple[str, ...]:
+    """'all', or comma-separated policy names: at least one, each one of policies.ALL."""
+    names = policies.ALL if text == "all" else tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in policies.ALL]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{text!r} names {'no policy' if not names else 'unknown ' + ', '.join(unknown)}; "
+                                         f"pass all, or a comma-separated list from {', '.join(policies.ALL)}")
     return names
+
+
+def server_profile(text: str) -> ServerProfile:
+    """'roofline', or a directory of flotilla-bench JSON to fit (server_model.fit_bench)."""
+    if text == "roofline":
+        return roofline()
+    try:
+        return fit_bench(text)
+    except InputError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _out_dir(text: str) -> Path:
+    """--out, created now: a path that cannot be written fails before the run, not after it."""
+    out = Path(text)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise InputError(f"--out {text} cannot be created ({error.strerror}); pass a writable directory") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise InputError(f"--out {text} is not writable; pass a writable directory")
+    return out
 
 
 def _finish(results: dict, notes: dict, source: str, out: Path, name: str, started: float) -> None:
@@ -44,30 +113,49 @@ def _finish(results: dict, notes: dict, source: str, out: Path, name: str, start
 
 def cmd_fleet(args: argparse.Namespace) -> None:
     started = time.monotonic()
-    profile = _profile(args.profile)
+    if args.gpus <= args.models:
+        # static provisioning at peak gives every model a GPU: the sizing rule needs GPUs to spare
+        raise InputError(f"--gpus {args.gpus} is not more than --models {args.models}: static provisioning at "
+                         "peak gives every model at least one GPU, so no load would be left to size; "
+                         "raise --gpus or lower --models")
+    out = _out_dir(args.out)
     base = workload.read_azure(args.trace)
     scenario = experiment.fleet_scenario(base, args.models, args.gpus, args.tick_s, args.interval_s,
-                                         profile, args.seed, args.trace)
+                                         args.profile, args.seed, args.trace)
     print(f"{scenario.notes['requests']:,.0f} requests over {args.models} models, rate x{scenario.notes['rate_scale']:.1f}",
           file=sys.stderr)
-    results = experiment.run_policies(scenario, _policies(args.policies), show_progress=not args.quiet, jobs=args.jobs)
-    _finish(results, scenario.notes, profile.source, Path(args.out), scenario.name, started)
+    results = experiment.run_policies(scenario, args.policies, show_progress=not args.quiet,
+                                      jobs=min(args.jobs, len(args.policies)))
+    _finish(results, scenario.notes, args.profile.source, out, scenario.name, started)
+
+
+def _request_level(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The policies the request level runs: 'all' leaves out the shared pool (fluid mode only), a list naming it
+    is refused."""
+    if names == policies.ALL:
+        print(f"{policies.COST_POOL} runs in the fluid mode only: left out", file=sys.stderr)
+        return request_level.REQUEST_LEVEL_POLICIES
+    if policies.COST_POOL in names:
+        raise InputError(f"{policies.COST_POOL} runs in the fluid mode only; drop it from --policies, "
+                         "or pass --fidelity fluid")
+    return names
 
 
 def cmd_trace(args: argparse.Namespace) -> None:
     started = time.monotonic()
-    profile = _profile(args.profile)
+    names = _request_level(args.policies) if args.fidelity == "request" else args.policies
+    out = _out_dir(args.out)
     trace = workload.read_trace(args.file)
-    names = _policies(args.policies)
     notes = {"trace": str(args.file), "requests": len(trace), "fidelity": args.fidelity,
              "autoscale_interval_s": args.interval_s}
     if args.fidelity == "request":
-        results = {n: request_level.run_policy(trace, profile, n, args.interval_s) for n in names}
+        results = {n: request_level.run_policy(trace, args.profile, n, args.interval_s) for n in names}
     else:
         work = workload.bin_trace(trace, args.tick_s)
-        scenario = experiment.Scenario(Path(args.file).stem, work, profile, args.interval_s, notes)
-        results = experiment.run_policies(scenario, names, show_progress=not args.quiet, jobs=args.jobs)
-    _finish(results, notes, profile.source, Path(args.out), f"{Path(args.file).stem}-{args.fidelity}", started)
+        scenario = experiment.Scenario(Path(args.file).stem, work, args.profile, args.interval_s, notes)
+        results = experiment.run_policies(scenario, args.policies, show_progress=not args.quiet,
+                                          jobs=min(args.jobs, len(args.policies)))
+    _finish(results, notes, args.profile.source, out, f"{Path(args.file).stem}-{args.fidelity}", started)
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
@@ -78,48 +166,72 @@ def cmd_generate(args: argparse.Namespace) -> None:
         times = workload.on_off(args.rate, args.on_s, args.off_s, args.duration_s, rng)
     else:
         times = workload.diurnal(args.rate, args.duration_s, rng)
+    if len(times) == 0:  # an empty trace is refused by `flotilla-sim trace`: refuse to write one
+        raise InputError(f"no request arrived in {args.duration_s:g} s at {args.rate:g} requests/s; "
+                         "raise --rate or --duration-s")
     trace = workload.synthetic(times, args.models, rng, args.prompt_tokens, args.output_tokens)
-    workload.write_trace(trace, args.output)
+    try:
+        workload.write_trace(trace, args.output)
+    except OSError as error:
+        raise InputError(f"-o {args.output} cannot be written ({error.strerror}); "
+                         "pass a file path in a writable directory") from None
     print(f"wrote {len(trace)} requests over {args.models} models to {args.output}")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="flotilla-sim", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(prog="flotilla-sim", description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--profile", default="roofline",
+    common.add_argument("--profile", type=server_profile, default="roofline",
                         help="'roofline' (an H100 model, not a measurement) or a directory of flotilla-bench JSON")
-    common.add_argument("--policies", default="all", help=f"comma-separated, from {', '.join(policies.ALL)}")
-    common.add_argument("--interval-s", type=float, default=15.0, help="autoscaler interval")
-    common.add_argument("--tick-s", type=float, default=5.0, help="fluid mode's tick")
-    common.add_argument("--out", default="sim-out", help="directory for JSON, PNG and Markdown")
+    common.add_argument("--policies", type=policy_names, default="all",
+                        help=f"'all' or comma-separated, from {', '.join(policies.ALL)}")
+    common.add_argument("--interval-s", type=positive_float, default=15.0, help="autoscaler interval, seconds (above 0)")
+    common.add_argument("--tick-s", type=positive_float, default=5.0, help="fluid mode's tick, seconds (above 0)")
+    common.add_argument("--out", default="sim-out", help="directory for JSON, PNG and Markdown (created if missing)")
     common.add_argument("--quiet", action="store_true", help="no progress bar")
-    common.add_argument("--jobs", type=int, default=1, help="policies run in this many processes (fluid mode)")
-    fleet = sub.add_parser("fleet", parents=[common], help="a day of an Azure trace over a Zipf catalogue")
-    fleet.add_argument("--trace", choices=("conv", "code"), default="conv")
-    fleet.add_argument("--models", type=int, default=1000)
-    fleet.add_argument("--gpus", type=int, default=10000, help="static provisioning at peak needs this many")
-    fleet.add_argument("--seed", type=int, default=0)
+    common.add_argument("--jobs", type=positive_int, default=1,
+                        help="policies run in this many processes (fluid mode; 1 or more)")
+    fleet = sub.add_parser("fleet", parents=[common], help="a day of an Azure trace over a Zipf catalogue",
+                           description="A day of an Azure LLM inference trace 2023 (shipped with flotilla-sim; "
+                                       "$FLOTILLA_TRACES names another directory) over a Zipf catalogue.")
+    fleet.add_argument("--trace", choices=("conv", "code"), default="conv",
+                       help="the Azure trace: conversation or code service")
+    fleet.add_argument("--models", type=positive_int, default=1000, help="catalogue size (1 or more)")
+    fleet.add_argument("--gpus", type=positive_int, default=10000,
+                       help="static provisioning at peak needs this many (more than --models)")
+    fleet.add_argument("--seed", type=non_negative_int, default=0, help="seed of the arrivals (0 or more)")
     fleet.set_defaults(func=cmd_fleet)
     trace = sub.add_parser("trace", parents=[common], help="a trace file in the documented CSV format")
-    trace.add_argument("file")
-    trace.add_argument("--fidelity", choices=("fluid", "request"), default="fluid")
+    trace.add_argument("file", help="CSV with the header arrival_s,model,prompt_tokens,output_tokens")
+    trace.add_argument("--fidelity", choices=("fluid", "request"), default="fluid",
+                       help="request: per request and step, up to ~20 models; fluid: per tick, for fleets")
     trace.set_defaults(func=cmd_trace)
     gen = sub.add_parser("generate", help="write a synthetic trace")
     gen.add_argument("kind", choices=("poisson", "onoff", "diurnal"))
-    gen.add_argument("--rate", type=float, required=True, help="requests/s (peak for diurnal, on-rate for onoff)")
-    gen.add_argument("--models", type=int, default=10)
-    gen.add_argument("--duration-s", type=float, default=3600.0)
-    gen.add_argument("--on-s", type=float, default=60.0)
-    gen.add_argument("--off-s", type=float, default=240.0)
-    gen.add_argument("--prompt-tokens", type=int, default=512)
-    gen.add_argument("--output-tokens", type=int, default=128)
-    gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("-o", "--output", required=True)
+    gen.add_argument("--rate", type=positive_float, required=True,
+                     help="requests/s (peak for diurnal, on-rate for onoff; above 0)")
+    gen.add_argument("--models", type=positive_int, default=10, help="catalogue size, Zipf popularity (1 or more)")
+    gen.add_argument("--duration-s", type=positive_float, default=3600.0, help="trace length, seconds (above 0)")
+    gen.add_argument("--on-s", type=positive_float, default=60.0, help="onoff: burst length, seconds (above 0)")
+    gen.add_argument("--off-s", type=positive_float, default=240.0, help="onoff: silence length, seconds (above 0)")
+    gen.add_argument("--prompt-tokens", type=positive_int, default=512, help="mean prompt length (1 or more)")
+    gen.add_argument("--output-tokens", type=positive_int, default=128, help="mean output length (1 or more)")
+    gen.add_argument("--seed", type=non_negative_int, default=0, help="seed of the draws (0 or more)")
+    gen.add_argument("-o", "--output", required=True, help="the CSV to write")
     gen.set_defaults(func=cmd_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
-    args.func(args)
+    try:
+        args.func(args)
+    except InputError as error:
+        message = " ".join(str(error).splitlines())  # one line, whatever a path or a header held
+        parser.exit(2, f"flotilla-sim {args.command}: error: {message}\n")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,9 @@ def peak_in_flight(work: Binned, profile: ServerProfile) -> np.ndarray:
     """Each model's peak in-flight requests at latency-first's batch: peak 1-minute rate x service time."""
     width = max(round(PEAK_WINDOW_S / work.tick_s), 1)
     kernel = np.ones(width) / (width * work.tick_s)
-    rate = np.apply_along_axis(lambda col: np.convolve(col, kernel, mode="same"), 0, work.arrivals)
+    ticks, start = work.arrivals.shape[0], (width - 1) // 2
+    # the window centred on each tick, zero outside the trace: mode="same", also for a trace shorter than it
+    rate = np.apply_along_axis(lambda col: np.convolve(col, kernel)[start:start + ticks], 0, work.arrivals)
     hold = service_s(profile, policies.STATIC_HEADROOM * profile.slots, work.prompt_tokens, work.output_tokens)
     return np.max(rate * hold[:, None], axis=0)
 

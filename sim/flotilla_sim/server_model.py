@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from flotilla_contract.flags import (
     DEFAULT_MAX_NUM_SEQS,
     DEFAULT_QUEUE_DEPTH_PER_SLOT,
     DEFAULT_QUEUE_TIMEOUT_S,
 )
+
+from flotilla_sim.errors import InputError
 
 # The roofline's parameters: an 8B model in bf16 on an H100-class GPU (docs/simulation.md).
 H100_BANDWIDTH_BYTES_PER_S = 3.35e12
@@ -28,6 +33,8 @@ BANDWIDTH_EFFICIENCY = 0.6
 COMPUTE_EFFICIENCY = 0.5
 LOCAL_DISK_BYTES_PER_S = 2e9
 POD_START_S = 5.0  # scheduling, image already cached, container start: before weights load
+_PROFILE_FIX = "pass a directory of flotilla-bench JSON such as docs/bench, or roofline (the H100 model)"
+_BENCH_FILE_FIX = "rerun flotilla-bench to rewrite it, or move it out of the directory, or pass roofline"
 
 
 @dataclass(frozen=True)
@@ -104,34 +111,53 @@ def roofline(
 
 def _points(bench_dir: Path) -> tuple[list[tuple[float, float]], list[tuple[float, float]], dict]:
     """(batch, step_s) points and (prompt tokens, prefill_s) points from the bench JSON files."""
+    if not bench_dir.is_dir():
+        raise InputError(f"{bench_dir} is not a directory; {_PROFILE_FIX}")
     decode: list[tuple[float, float]] = []
     prefill: list[tuple[float, float]] = []
     model: dict = {}
     served = set()
     for path in sorted(bench_dir.glob("online-*.json")):
-        summary = json.loads(path.read_text())["summary"]
-        config = summary["config"]
-        served.add(config["model"])
-        decode.append((float(config["concurrency"] or 1), summary["tpot_ms"]["p50"] / 1e3))
-        if config["concurrency"] == 1:  # no queueing: TTFT is the prefill step alone
-            mean_prompt = (config["prompt_len_min"] + config["prompt_len_max"]) / 2
-            prefill.append((mean_prompt, summary["ttft_ms"]["p50"] / 1e3))
+        with _bench_file(path) as document:
+            summary = document["summary"]
+            config = summary["config"]
+            served.add(config["model"])
+            decode.append((float(config["concurrency"] or 1), summary["tpot_ms"]["p50"] / 1e3))
+            if config["concurrency"] == 1:  # no queueing: TTFT is the prefill step alone
+                mean_prompt = (config["prompt_len_min"] + config["prompt_len_max"]) / 2
+                prefill.append((mean_prompt, summary["ttft_ms"]["p50"] / 1e3))
     offline = bench_dir / "offline.json"
     if offline.exists():
-        for workload in json.loads(offline.read_text())["workloads"].values():
-            if served and workload["model"]["name"] not in served:
-                continue  # one model per profile: the one the online runs served
-            run = workload["modes"]["continuous"]
-            decode.append((run["output_tokens"] / run["steps"], run["duration_s"] / run["steps"]))
-            model = workload["model"]
+        with _bench_file(offline) as document:
+            for workload in document["workloads"].values():
+                if served and workload["model"]["name"] not in served:
+                    continue  # one model per profile: the one the online runs served
+                run = workload["modes"]["continuous"]
+                decode.append((run["output_tokens"] / run["steps"], run["duration_s"] / run["steps"]))
+                model = workload["model"]
     return decode, prefill, model
+
+
+@contextmanager
+def _bench_file(path: Path) -> Iterator[Any]:
+    """The parsed JSON of one flotilla-bench result; InputError if it cannot be read, parsed or used."""
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise InputError(f"{path} is not readable JSON ({error}); {_BENCH_FILE_FIX}") from None
+    try:
+        yield document
+    except (KeyError, TypeError, ValueError, ZeroDivisionError, AttributeError) as error:
+        raise InputError(f"{path} is not a flotilla-bench result ({type(error).__name__}: {error}); "
+                         f"{_BENCH_FILE_FIX}") from None
 
 
 def fit_bench(bench_dir: Path | str = "docs/bench") -> ServerProfile:
     """A linear step-time profile fitted to flotilla-bench JSON (the CPU figures of `make bench`)."""
     decode, prefill, model = _points(Path(bench_dir))
     if len(decode) < 2:
-        raise ValueError(f"{bench_dir}: need at least two flotilla-bench results to fit a step time")
+        raise InputError(f"{bench_dir} holds {len(decode)} flotilla-bench step-time results (online-*.json, "
+                         f"offline.json), and a fit needs at least two; {_PROFILE_FIX}")
     n = len(decode)
     mean_b = sum(b for b, _ in decode) / n
     mean_t = sum(t for _, t in decode) / n

@@ -20,8 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
+from flotilla_sim.errors import InputError
+
 QUANTILES = 8
 TRACE_COLUMNS = ("arrival_s", "model", "prompt_tokens", "output_tokens")
+MAX_INT32 = 2**31 - 1  # models and token counts are held as int32
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+AZURE_FILE = "azure-llm-2023-{name}.csv"
+TRACES_ENV = "FLOTILLA_TRACES"  # a directory of Azure traces in place of the shipped copy
+SHIPPED_TRACES = Path(__file__).resolve().parent / "traces"  # package data (pyproject.toml)
 DAY_S = 86400.0
 HOUR_S = 3600.0
 
@@ -64,13 +71,61 @@ def make_trace(arrival_s, model, prompt_tokens, output_tokens) -> Trace:
 
 
 def read_trace(path: Path | str) -> Trace:
-    """A trace in the documented CSV format."""
-    with open(path, newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    missing = set(TRACE_COLUMNS) - set(rows[0] if rows else TRACE_COLUMNS)
+    """A trace in the documented CSV format; InputError names the file, the line and what to change."""
+    header, rows = _read_csv(path, "pass a trace file in the documented CSV format (flotilla-sim generate writes one)")
+    if header is None:
+        raise InputError(f"{path} is empty; its first line must be the header {','.join(TRACE_COLUMNS)}")
+    missing = [c for c in TRACE_COLUMNS if c not in header]
     if missing:
-        raise ValueError(f"{path}: missing columns {sorted(missing)}; the header is {','.join(TRACE_COLUMNS)}")
-    return make_trace(*([float(r[c]) for r in rows] for c in TRACE_COLUMNS))
+        raise InputError(f"{path}: the header is {','.join(header)!r}, which lacks {', '.join(missing)}; "
+                         f"the first line must be {','.join(TRACE_COLUMNS)} (docs/simulation.md, \"Workloads\")")
+    if not rows:
+        raise InputError(f"{path} holds no requests; add one line per request below the header")
+    index = [header.index(c) for c in TRACE_COLUMNS]
+    values = np.empty((len(rows), len(TRACE_COLUMNS)))
+    for i, (line, row) in enumerate(rows):
+        try:
+            values[i] = [float(row[j]) for j in index]
+        except (IndexError, ValueError):
+            raise InputError(f"{path}, line {line}: {','.join(row)!r} is not {len(TRACE_COLUMNS)} numbers under "
+                             f"{','.join(TRACE_COLUMNS)}; fix or remove the line") from None
+    for column, (bad, rule) in zip(TRACE_COLUMNS, _row_rules(values), strict=True):
+        if bad.any():
+            first = int(np.flatnonzero(bad)[0])
+            value = values[first, TRACE_COLUMNS.index(column)]
+            raise InputError(f"{path}, line {rows[first][0]}: {column} is {value:g}; {rule}; "
+                             "fix or remove the line")
+    return make_trace(*values.T)
+
+
+def _row_rules(values: np.ndarray) -> list[tuple[np.ndarray, str]]:
+    """Per column, which rows break its rule, and the rule in words."""
+    arrival_s = values[:, 0]
+
+    def whole(column: int, low: int) -> np.ndarray:
+        v = values[:, column]
+        return (v != np.floor(v)) | (v < low) | (v > MAX_INT32)
+
+    return [
+        (~np.isfinite(arrival_s) | (arrival_s < 0), "it must be seconds from the trace start, 0 or more"),
+        (whole(1, 0), f"it must be the model's index in the catalogue, a whole number from 0 to {MAX_INT32:,}"),
+        (whole(2, 1), f"it must be a whole number of tokens from 1 to {MAX_INT32:,}"),
+        (whole(3, 1), f"it must be a whole number of tokens from 1 to {MAX_INT32:,}"),
+    ]
+
+
+def _read_csv(path: Path | str, fix: str) -> tuple[list[str] | None, list[tuple[int, list[str]]]]:
+    """The header and the (line number, fields) of each non-blank row; InputError if the file cannot be read."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as handle:  # -sig: a spreadsheet's byte-order mark
+            reader = csv.reader(handle)
+            header = next(reader, None)
+            rows = [(reader.line_num, row) for row in reader if row]
+        header = [name.strip() for name in header] if header is not None else None  # "a, b" names b
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise InputError(f"cannot read {path} ({reason}); {fix}") from None
+    return header, rows
 
 
 def write_trace(trace: Trace, path: Path | str) -> None:
@@ -82,25 +137,41 @@ def write_trace(trace: Trace, path: Path | str) -> None:
 
 
 def azure_traces() -> Path:
-    """$FLOTILLA_TRACES, else the nearest `shared/traces` above this checkout (`../shared/traces` of the repo)."""
-    if os.environ.get("FLOTILLA_TRACES"):
-        return Path(os.environ["FLOTILLA_TRACES"])
-    for parent in Path(__file__).resolve().parents:
-        if (parent / "shared" / "traces").is_dir():
-            return parent / "shared" / "traces"
-    raise FileNotFoundError("no shared/traces above this checkout; set FLOTILLA_TRACES")
+    """$FLOTILLA_TRACES if set, else the copy shipped in this package (traces/, CC BY 4.0: traces/README.md)."""
+    override = os.environ.get(TRACES_ENV)
+    if not override:
+        return SHIPPED_TRACES
+    if not Path(override).is_dir():
+        raise InputError(f"{TRACES_ENV}={override} is not a directory; point it at a directory holding "
+                         f"{AZURE_FILE.format(name='conv')} and {AZURE_FILE.format(name='code')}, or unset it "
+                         "to use the traces shipped with flotilla-sim")
+    return Path(override)
 
 
 def read_azure(name: str = "conv", directory: Path | str | None = None) -> Trace:
     """An Azure LLM inference trace 2023 (CC BY 4.0; Patel et al., Splitwise, ISCA 2024), all on model 0."""
-    with open(Path(directory or azure_traces()) / f"azure-llm-2023-{name}.csv", newline="") as handle:
-        rows = list(csv.DictReader(handle))
-    stamps = [datetime.fromisoformat(r["TIMESTAMP"][:26]).timestamp() for r in rows]
+    path = Path(directory or azure_traces()) / AZURE_FILE.format(name=name)
+    if directory:
+        fix = f"pass a directory holding {path.name}"
+    elif os.environ.get(TRACES_ENV):
+        fix = f"put {path.name} in {TRACES_ENV}'s directory, or unset {TRACES_ENV} to use the shipped traces"
+    else:
+        fix = (f"this install lacks its shipped traces: reinstall flotilla, or set {TRACES_ENV} to a directory "
+               f"holding {path.name}")
+    header, rows = _read_csv(path, fix)
+    missing = [c for c in AZURE_COLUMNS if c not in (header or [])]
+    if missing or not rows:
+        raise InputError(f"{path} is not an Azure LLM inference trace 2023 (header {','.join(header or [])!r}, "
+                         f"{len(rows)} rows); {fix}")
+    stamp, context, generated = (header.index(c) for c in AZURE_COLUMNS)
+    try:
+        stamps = [datetime.fromisoformat(row[stamp][:26]).timestamp() for _, row in rows]
+        prompts = [int(row[context]) for _, row in rows]
+        outputs = [max(int(row[generated]), 1) for _, row in rows]
+    except (IndexError, ValueError) as error:
+        raise InputError(f"{path} is not an Azure LLM inference trace 2023 ({error}); {fix}") from None
     start = min(stamps)
-    return make_trace(
-        [s - start for s in stamps], [0] * len(rows),
-        [int(r["ContextTokens"]) for r in rows], [max(int(r["GeneratedTokens"]), 1) for r in rows],
-    )
+    return make_trace([s - start for s in stamps], [0] * len(rows), prompts, outputs)
 
 
 # --- generators -------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@ import json
 import numpy as np
 import pytest
 from flotilla_sim import experiment, policies
-from flotilla_sim.server_model import roofline
+from flotilla_sim.server_model import roofline, service_s
 from flotilla_sim.workload import Binned, bin_trace
 
 
@@ -60,6 +60,16 @@ def test_overload_beyond_the_queue_is_answered_429():
 def test_static_replicas_carry_the_peak_at_headroom():
     peak = np.array([0.0, 47.9, 48.1, 480.0])
     assert list(policies.static_replicas(peak, 64)) == [1, 1, 2, 10]
+
+
+def test_static_peak_of_a_trace_shorter_than_its_minute_counts_nothing_beyond_the_trace():
+    profile = roofline()
+    arrivals = np.array([[12.0], [0.0], [24.0]])  # 3 ticks of 5 s: 36 requests, under the 60 s window
+    short = Binned(5.0, arrivals, np.full(3, 100.0), np.full(3, 10.0))
+    padded = Binned(5.0, np.vstack([arrivals, np.zeros((40, 1))]), np.full(43, 100.0), np.full(43, 10.0))
+    hold_s = service_s(profile, policies.STATIC_HEADROOM * profile.slots, 100.0, 10.0)
+    assert experiment.peak_in_flight(short, profile) == pytest.approx([36 / 60 * hold_s])
+    assert experiment.peak_in_flight(padded, profile) == pytest.approx([36 / 60 * hold_s])
 
 
 def test_placement_puts_flotilla_cost_first_on_spot_nodes():

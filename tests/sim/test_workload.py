@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+from flotilla_sim.errors import InputError
 from flotilla_sim.workload import (
     bin_trace,
     diurnal_multiplier,
@@ -24,8 +25,15 @@ def test_trace_file_round_trips(tmp_path, small_trace):
 def test_trace_file_without_a_column_is_refused(tmp_path):
     path = tmp_path / "bad.csv"
     path.write_text("arrival_s,model\n0.5,0\n")
-    with pytest.raises(ValueError, match="missing columns"):
+    with pytest.raises(InputError, match="the header is 'arrival_s,model', which lacks prompt_tokens, output_tokens"):
         read_trace(path)
+
+
+def test_a_spreadsheet_s_byte_order_mark_is_not_part_of_the_header(tmp_path, small_trace):
+    path = tmp_path / "t.csv"
+    write_trace(small_trace, path)
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    assert len(read_trace(path)) == len(small_trace)
 
 
 def test_zipf_s1_makes_the_first_model_n_times_the_nth():
