@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from flotilla_gateway.body_guard import read_body
 from flotilla_gateway.errors import GatewayError, error_response
 from flotilla_gateway.hold_policy import admit, wakes_again
 from flotilla_gateway.keys import Tenant, authenticate, authorize
+from flotilla_gateway.keys_file import KeysFile, Reload
 from flotilla_gateway.kube import KubeClient
 from flotilla_gateway.load_board import DEFAULT_POLL_INTERVAL_S, LoadBoard
 from flotilla_gateway.metrics import GatewayMetrics
@@ -43,6 +45,9 @@ from flotilla_gateway.watcher import RouteWatcher
 STARTUP_WAIT_S = 10.0  # a request arriving before the first listing waits this long for it
 ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 NO_TENANT = "-"
+DEFAULT_KEYS_RELOAD_INTERVAL_S = 10.0
+
+log = logging.getLogger("flotilla_gateway.keys")
 
 
 @dataclass
@@ -50,7 +55,8 @@ class GatewaySettings:
     namespaces: list[str] | None = None  # None: every namespace
     kubeconfig: str | None = None
     in_cluster: bool = False
-    keys: dict[str, Tenant] | None = None  # None: no API keys
+    keys: KeysFile | None = None  # None: no API keys
+    keys_reload_interval_s: float = DEFAULT_KEYS_RELOAD_INTERVAL_S  # how often the keys file is read again
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     connect_timeout_s: float = 5.0
@@ -73,6 +79,8 @@ class Gateway:
         self.waker = Waker(kube, self.metrics)
         self.proxy: Proxy | None = None
         self.session: aiohttp.ClientSession | None = None
+        if settings.keys is not None:
+            self.metrics.keys_loaded_at.set(settings.keys.loaded_at_s)
 
     @property
     def routes(self) -> dict[str, ModelRoute]:
@@ -97,15 +105,37 @@ class Gateway:
         self.watcher = RouteWatcher(self.kube, self.settings.namespaces, self._on_routes)
         self.watcher.start()
         self.board.start(self.session, self._pods, self._on_load)
+        keys_task = asyncio.create_task(self._reload_keys()) if self.settings.keys is not None else None
         try:
             yield
         finally:
+            if keys_task is not None:
+                keys_task.cancel()
             self.activator.drain()
             await self.watcher.stop()
             await self.board.stop()
             await self.waker.stop()
             await self.session.close()
             await self.kube.close()
+
+    async def _reload_keys(self) -> None:
+        keys = self.settings.keys
+        assert keys is not None
+        while True:
+            await asyncio.sleep(self.settings.keys_reload_interval_s)
+            try:
+                outcome = keys.reload()
+            except Exception:  # a bug must not end the reloads; the last good keys stay in force
+                log.exception("reading the keys file %s failed; the last good keys stay in force", keys.path)
+                self.metrics.keys_reload_failures.inc()
+                continue
+            if outcome is Reload.LOADED:
+                self.metrics.keys_loaded_at.set(keys.loaded_at_s)
+                log.info("reloaded the keys file %s: %d keys", keys.path, len(keys.keys))
+            elif outcome is Reload.REFUSED:
+                self.metrics.keys_reload_failures.inc()
+                log.error("refused a new version of the keys file, the last good keys stay in force: %s",
+                          keys.refusal)
 
     def _pods(self) -> set[str]:
         return {p for route in self.routes.values() for p in route.pods}
@@ -139,7 +169,7 @@ class Gateway:
             model = body["model"]
             tenant_of_key = None
             if self.settings.keys is not None:
-                tenant_of_key = authenticate(self.settings.keys, request.headers.get("authorization"))
+                tenant_of_key = authenticate(self.settings.keys.keys, request.headers.get("authorization"))
                 tenant = tenant_of_key.name
                 authorize(tenant_of_key, model)
             else:

@@ -1,7 +1,8 @@
 """`flotilla-gateway`: parse the flags, then serve the gateway with uvicorn until SIGTERM.
 
 On SIGTERM (or Ctrl-C) readiness turns false and held requests get 503 with Retry-After at once; uvicorn
-stops accepting connections and lets streams in flight finish for up to --drain-timeout-s.
+stops accepting connections and lets streams in flight finish for up to --drain-timeout-s. A file it cannot
+start with (the keys, the upstream key) stops it with one line on stderr and exit 2.
 """
 
 from __future__ import annotations
@@ -16,12 +17,24 @@ from flotilla_contract.flags import DEFAULT_MAX_BODY_BYTES
 from flotilla_contract.sizes import parse_bytes
 
 from flotilla_gateway.access_log import configure
-from flotilla_gateway.app import Gateway, GatewaySettings
-from flotilla_gateway.keys import load_keys, read_upstream_key
+from flotilla_gateway.app import DEFAULT_KEYS_RELOAD_INTERVAL_S, Gateway, GatewaySettings
+from flotilla_gateway.keys import read_upstream_key
+from flotilla_gateway.keys_file import KeysFile
 from flotilla_gateway.load_board import DEFAULT_POLL_INTERVAL_S
 
 DEFAULT_PORT = 8080
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
+USAGE_EXIT = 2  # what argparse exits with: the command line, or a file it names, needs a change
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -38,8 +51,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="0.0.0.0", help="Address to listen on.")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP port to listen on.")
     p.add_argument("--api-keys-file", metavar="PATH",
-                   help="YAML/JSON file mapping each API key to {tenant, models} (a mounted Secret); "
-                        "when set, every request needs 'Authorization: Bearer <key>'.")
+                   help="YAML/JSON file mapping each API key to {tenant, models, class} (a mounted Secret), "
+                        "parsed strictly: `models` is required, [\"*\"] for every model. When set, every "
+                        "request needs 'Authorization: Bearer <key>'.")
+    p.add_argument("--api-keys-reload-interval-s", type=_seconds, default=DEFAULT_KEYS_RELOAD_INTERVAL_S,
+                   metavar="S",
+                   help="How often the keys file is read again, seconds; a changed file takes effect, a refused "
+                        "one keeps the last good keys (docs/gateway.md, \"API keys\"). Default: %(default)s.")
     p.add_argument("--salt-cache-by-tenant", action=argparse.BooleanOptionalAction, default=True,
                    help="With API keys, set every request's cache_salt to its tenant, so tenants never share "
                         "prefix-cache blocks (a client's own cache_salt is always replaced). Default: on.")
@@ -74,21 +92,16 @@ class _Server(uvicorn.Server):
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    try:
+        keys = KeysFile(args.api_keys_file) if args.api_keys_file else None
+        upstream_key = read_upstream_key(args.upstream_api_key_file) if args.upstream_api_key_file else None
+    except ValueError as error:  # its message is one line that says what to change
+        print(f"flotilla-gateway: {error}", file=sys.stderr)
+        sys.exit(USAGE_EXIT)
     configure(args.log_level)
-    keys = None
-    if args.api_keys_file:
-        try:
-            keys = load_keys(args.api_keys_file)
-        except ValueError as error:
-            sys.exit(f"flotilla-gateway: {error}")
-    upstream_key = None
-    if args.upstream_api_key_file:
-        try:
-            upstream_key = read_upstream_key(args.upstream_api_key_file)
-        except ValueError as error:
-            sys.exit(f"flotilla-gateway: {error}")
     settings = GatewaySettings(namespaces=args.namespaces, kubeconfig=args.kubeconfig, in_cluster=args.in_cluster,
-                               keys=keys, poll_interval_s=args.poll_interval_s, max_body_bytes=args.max_body_bytes,
+                               keys=keys, keys_reload_interval_s=args.api_keys_reload_interval_s,
+                               poll_interval_s=args.poll_interval_s, max_body_bytes=args.max_body_bytes,
                                connect_timeout_s=args.connect_timeout_s, salt_by_tenant=args.salt_cache_by_tenant,
                                upstream_api_key=upstream_key)
     gateway = Gateway(settings)

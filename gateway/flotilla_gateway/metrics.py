@@ -1,7 +1,7 @@
 """The gateway's own Prometheus metrics: requests, held requests, hold time, retries, wakes, routing time,
-residency tiers of pooled models, and each pod's load as the gateway sees it. Every model series carries
-`model` and `model_namespace`; `flotilla_gateway_requests_held` is the autoscaler's pending demand
-(docs/autoscaling.md)."""
+residency tiers of pooled models, each pod's load as the gateway sees it, and the keys file's reloads. Every
+model series carries `model` and `model_namespace`; `flotilla_gateway_requests_held` is the autoscaler's
+pending demand (docs/autoscaling.md)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ WAKES = "flotilla_gateway_wakes"
 ROUTING_SECONDS = "flotilla_gateway_routing_decision_seconds"
 POD_LOAD = "flotilla_gateway_pod_load"
 RESIDENCY = "flotilla_gateway_residency_choices"  # exported as flotilla_gateway_residency_choices_total
+KEYS_RELOAD_FAILURES = "flotilla_gateway_keys_reload_failures"  # exported as ..._total
+KEYS_LOADED_AT = "flotilla_gateway_keys_last_load_timestamp_seconds"
 MODEL = (MODEL_LABEL, MODEL_NAMESPACE_LABEL)
 RETRY_REASONS = ("connect_error", "429", "502", "503", "504")
 HOLD_BUCKETS_S = (0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
@@ -52,6 +54,10 @@ class GatewayMetrics:
         self.pod_load = Gauge(POD_LOAD, "Each pod's load as the gateway sees it, by figure "
                                         "(in_flight, waiting, running, kv_usage, age_seconds).",
                               [*MODEL, "pod", "figure"], registry=r)
+        self.keys_reload_failures = Counter(KEYS_RELOAD_FAILURES, "Versions of the API keys file refused while "
+                                            "running (the last good keys stayed in force).", registry=r)
+        self.keys_loaded_at = Gauge(KEYS_LOADED_AT, "Unix time the API keys in force were loaded (0 without "
+                                    "keys).", registry=r)
 
     def count(self, model: str, namespace: str, code: int, route: str, tenant: str) -> None:
         self.requests.labels(model, namespace, str(code), route, tenant).inc()

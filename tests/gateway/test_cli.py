@@ -1,4 +1,5 @@
-"""The gateway's entry module stays torch-free, and docs/gateway.md documents exactly the flags it has."""
+"""The gateway's entry module stays torch-free, docs/gateway.md documents exactly the flags it has, and a
+file it cannot start with stops it with one line and exit 2."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flotilla_gateway.cli import parser
+import pytest
+from flotilla_gateway.cli import main, parser
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,9 +36,37 @@ def test_help_runs() -> None:
     assert result.returncode == 0 and "--api-keys-file" in result.stdout
 
 
-def test_a_bad_keys_file_stops_the_gateway_with_what_to_fix(tmp_path: Path) -> None:
+BAD_KEYS = {
+    "the `model` typo": ("sk-a: {tenant: t, model: [tiny]}\n", "unknown field `model` (did you mean `models`?)"),
+    "an unknown field": ("sk-a: {tenant: t, models: [tiny], modles: [big]}\n", "unknown field `modles`"),
+    "an empty entry": ("sk-a:\n", "has an empty entry"),
+    "no models": ("sk-a: {tenant: t}\n", "has no `models`"),
+}
+
+
+@pytest.mark.parametrize(("text", "problem"), BAD_KEYS.values(), ids=BAD_KEYS.keys())
+def test_a_bad_keys_file_stops_the_start_with_one_line_and_exit_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, problem: str) -> None:
     keys = tmp_path / "keys.yaml"
-    keys.write_text("sk-a: {models: [tiny]}\n")
+    keys.write_text(text)
+    with pytest.raises(SystemExit) as caught:
+        main(["--api-keys-file", str(keys)])
+    err = capsys.readouterr().err
+    assert caught.value.code == 2 and problem in err
+    assert err.startswith(f"flotilla-gateway: the keys file {keys}: key sk-a…") and err.count("\n") == 1
+
+
+def test_the_real_process_exits_2_with_one_line_and_no_traceback(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.yaml"
+    keys.write_text("sk-a: {tenant: t, model: [tiny]}\n")
     result = subprocess.run([sys.executable, "-m", "flotilla_gateway.cli", "--api-keys-file", str(keys)],
                             capture_output=True, text=True, cwd=ROOT, timeout=60)
-    assert result.returncode != 0 and "needs a `tenant`" in result.stderr
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and "did you mean `models`?" in result.stderr, result.stderr
+
+
+def test_a_reload_interval_must_be_above_0(capsys: pytest.CaptureFixture[str]) -> None:
+    for value in ("0", "-1", "soon"):
+        with pytest.raises(SystemExit) as caught:
+            parser().parse_args(["--api-keys-reload-interval-s", value])
+        assert caught.value.code == 2 and "is not a number of seconds above 0" in capsys.readouterr().err
