@@ -3,6 +3,8 @@
 A cost-first model that names a pool gets no Deployment and no PDB of its own: its own Deployment, if it
 had one, is deleted once it has joined, and it keeps a Service (its usual endpoint) fronting the pool's
 pods. The pool's members ConfigMap, not this model, tells the servers to load it (docs/pools.md).
+A model joins only when nothing stops it: a pool it can read, a source the pool can load, and a served name
+no older InferenceModel holds (served_names.py); until then whatever serves it keeps serving it.
 """
 
 from __future__ import annotations
@@ -32,17 +34,20 @@ async def read_pool(kube: KubeClient, namespace: str, pool_name: str) -> pool_ty
         return None
 
 
-async def member_children(kube: KubeClient, owner: Owner, default_image: str
+async def member_children(kube: KubeClient, owner: Owner, default_image: str, name_conflict: Problem | None
                           ) -> tuple[list[dict[str, Any]], tuple[tuple[str, str], ...], list[Problem]]:
-    """(desired children, prunable kinds, problems) of a cost-first model naming a pool."""
+    """(desired children, prunable kinds, problems) of a cost-first model naming a pool; `name_conflict` is
+    served_names.name_conflict's answer for it (pool_reconciler.list_members leaves it out of the file by the same)."""
     pool_name = owner.spec.pool or ""
+    problems = [name_conflict] if name_conflict is not None else []
     pool = await read_pool(kube, owner.namespace, pool_name)
     if pool is None:
-        return [], (), [Problem(POOL_NOT_FOUND, f'ModelPool "{pool_name}" does not exist in namespace "{owner.namespace}" '
-                                "(or cannot be read); create it, or remove spec.pool to give the model its own Deployment")]
-    source = member_source(owner.spec, pool)
-    if isinstance(source, Problem):
-        return [], (), [source]  # not joined: whatever serves the model now keeps serving it
+        problems.append(Problem(POOL_NOT_FOUND, f'ModelPool "{pool_name}" does not exist in namespace "{owner.namespace}" '
+                                "(or cannot be read); create it, or remove spec.pool to give the model its own Deployment"))
+    elif isinstance(source := member_source(owner.spec, pool), Problem):
+        problems.append(source)
+    if problems:
+        return [], (), problems  # not joined: whatever serves the model now keeps serving it
     return [build_member_service(owner, default_image)], JOINED_PRUNABLE_KINDS, []
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from flotilla_contract.model_list import entry_problem, format_model_list
+
 from flotilla_operator.model_source import MODELS_DIR
 from flotilla_operator.placement import COST_FIRST
 from flotilla_operator.pool_types import ModelPoolSpec
@@ -18,6 +20,7 @@ from flotilla_operator.types import InferenceModelSpec
 
 SOURCE_NOT_POOLABLE = "SourceNotPoolable"
 POOL_NOT_FOUND = "PoolNotFound"
+NOT_LISTABLE = "NotListable"  # its name or path cannot be a line of the members file
 
 
 @dataclass(frozen=True)
@@ -35,12 +38,15 @@ def joins_pool(spec: InferenceModelSpec) -> bool:
 def member_source(spec: InferenceModelSpec, pool: ModelPoolSpec) -> str | Problem:
     """Where the pool's servers find this model's weights, or why they cannot."""
     source = spec.model.source
-    if source.builtin is not None:
-        return source.builtin
+    found: str | None = None
     claim = pool.volume.claim_name if pool.volume is not None else None
-    if source.pvc is not None and source.pvc.claim_name == claim:
+    if source.builtin is not None:
+        found = source.builtin
+    elif source.pvc is not None and source.pvc.claim_name == claim:
         path = source.pvc.path.strip("/")
-        return f"{MODELS_DIR}/{path}" if path else MODELS_DIR
+        found = f"{MODELS_DIR}/{path}" if path else MODELS_DIR
+    if found is not None:
+        return _listable(spec, found)
     kind = "pvc" if source.pvc is not None else "huggingface" if source.huggingface is not None else "image"
     if claim is None:
         how = (f"give ModelPool {spec.pool} a spec.volume.claimName, copy the model's files into that claim, "
@@ -56,6 +62,16 @@ def member_source(spec: InferenceModelSpec, pool: ModelPoolSpec) -> str | Proble
                                         "or remove spec.pool to give the model its own Deployment")
 
 
+def _listable(spec: InferenceModelSpec, source: str) -> str | Problem:
+    """`source`, or why the servers' strict reading of the members file would refuse this model's line."""
+    problem = entry_problem(spec.model.name, source)
+    if problem is None:
+        return source
+    return Problem(NOT_LISTABLE, f"ModelPool {spec.pool} cannot list this model: {problem}; rename "
+                                 "spec.model.name or the model's path, or remove spec.pool to give the model its "
+                                 "own Deployment")
+
+
 def members(models: Iterable[tuple[str, InferenceModelSpec]], pool_name: str, pool: ModelPoolSpec) -> list[Member]:
     """The pool's members, by served name: cost-first models naming it whose source it can load."""
     found = []
@@ -69,11 +85,12 @@ def members(models: Iterable[tuple[str, InferenceModelSpec]], pool_name: str, po
 
 
 def members_file(found: Iterable[Member]) -> str:
-    """The model list file the pool's servers re-read: one `NAME=SOURCE` a line, as `--model NAME=SOURCE`.
+    """The model list file the pool's servers re-read: one `NAME=SOURCE` a line, in the grammar they parse
+    strictly (flotilla_contract.model_list); `members` only returns members it can write.
 
     Two members serving the same model name: the first by InferenceModel name wins (one entry per name).
     """
-    lines: dict[str, str] = {}
+    sources: dict[str, str] = {}
     for member in found:
-        lines.setdefault(member.model, f"{member.model}={member.source}")
-    return "".join(line + "\n" for _, line in sorted(lines.items()))
+        sources.setdefault(member.model, member.source)
+    return format_model_list(sorted(sources.items()))

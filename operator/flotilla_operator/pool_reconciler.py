@@ -27,7 +27,8 @@ from flotilla_operator.pool_manifests import (
 )
 from flotilla_operator.pool_members import Member, members
 from flotilla_operator.pool_residency import Residency, read_loads, residency
-from flotilla_operator.reconciler import PAST_TENSE, Context
+from flotilla_operator.reconciler import PAST_TENSE, Context, list_claimants
+from flotilla_operator.served_names import holders, name_conflict
 from flotilla_operator.status import Observed, Problem, compute_status, status_changed
 from flotilla_operator.status_writer import write_status
 
@@ -45,15 +46,21 @@ def pool_ref(namespace: str, name: str, uid: str) -> dict[str, Any]:
 
 
 async def list_members(ctx: Context, namespace: str, pool_name: str, spec: pool_types.ModelPoolSpec) -> list[Member]:
-    """The InferenceModels of the namespace that join this pool (being deleted: no longer members)."""
+    """The InferenceModels of the namespace that join this pool: not being deleted, and each holding its served
+    name (a pool serves a name for its holder only, the model the gateway routes it to: served_names.py)."""
+    claimants = await list_claimants(ctx.kube, namespace)
+    held = holders(claimants)
     models = []
-    for obj in await ctx.kube.list(types.API_VERSION, types.PLURAL, namespace, ""):
-        if obj["metadata"].get("deletionTimestamp"):
+    for obj in claimants:
+        meta = obj["metadata"]
+        if meta.get("namespace") != namespace or meta.get("deletionTimestamp"):
             continue
         try:
-            models.append((obj["metadata"]["name"], types.parse_spec(obj.get("spec") or {})))
+            model_spec = types.parse_spec(obj.get("spec") or {})
         except pydantic.ValidationError:
             continue  # its own reconcile reports InvalidSpec
+        if name_conflict(model_spec.model.name, meta.get("uid", ""), held) is None:  # else its own reconcile reports it
+            models.append((meta["name"], model_spec))
     return members(models, pool_name, spec)
 
 

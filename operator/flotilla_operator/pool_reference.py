@@ -45,8 +45,15 @@ takes only members its pods can load as they are:
 
 A missing pool makes the member `Degraded` with reason `PoolNotFound`; so does deleting a pool, whose
 children go with it: its members serve nowhere until they name another pool or drop `spec.pool` (then each
-gets its own Deployment again). Two members with the same served name: the file holds the first by
-InferenceModel name.
+gets its own Deployment again).
+
+**Served names.** A served name belongs to one `InferenceModel`, the oldest that claims it (by
+`creationTimestamp`, then namespace, then name), pooled or dedicated: the model the gateway routes the name
+to. A pool serves a name for its holder only, so a member whose name an older `InferenceModel` holds does
+not join: it is `Degraded` with reason `ModelNameConflict`, stays out of the members file and
+`status.members`, and joins at the next pass once the holder is deleted or renamed. A dedicated model whose
+name an older member holds is `Degraded` `ModelNameConflict` too; it keeps its own pods, which only its own
+Service reaches, as in any dedicated conflict (docs/operator.md, "Status").
 
 **Membership restarts nothing.** The member list is the ConfigMap `NAME-pool-members` (key `models`, one
 `MODEL=SOURCE` a line, the syntax of `--model MODEL=SOURCE`), mounted as a directory at
@@ -55,6 +62,16 @@ file in place and the servers re-read it. The pod template never names a member,
 one changes the ConfigMap only. `--memory-budget` carries the budget per replica in bytes: `spec.memoryBudget`,
 else 80% of one GPU's `resources.gpuMemory`, else (CPU) half of `resources.memory`: the server's own defaults,
 rendered by the operator so the servers and the autoscaler's floor use one figure.
+
+**The members file is parsed strictly** (docs/serving.md, "The model list file"): a server refuses a whole
+file with a line it does not accept and keeps the list before. So the operator writes only members whose
+line it accepts (`flotilla_contract.model_list`, the grammar both sides share): a served name of letters,
+digits and `. _ : / -`, and a path without whitespace or control characters. Any other member is `Degraded`
+with reason `NotListable`, saying what to rename, and stays out of the file: one member can never make the
+servers drop the others. A listed member whose files are missing on the volume (or unreadable, as a GGUF of
+an unsupported type) is skipped by each server, which keeps serving the others, shows why in its load
+report (`model_list.skipped`) and tries it again every 10 s, so files copied after the member joined are
+picked up. A pool with no members writes an empty file; its servers start and serve nothing until one joins.
 
 ## Children
 

@@ -32,6 +32,7 @@ from flotilla_operator.manifests import (
 from flotilla_operator.plan import plan
 from flotilla_operator.pool_join import member_children, pool_serving
 from flotilla_operator.pool_members import joins_pool
+from flotilla_operator.served_names import NAME_CONFLICT, holders, name_conflict
 from flotilla_operator.settings import OperatorSettings
 from flotilla_operator.status import Observed, Problem, compute_status, status_changed
 from flotilla_operator.status_writer import write_status as write_model_status
@@ -40,7 +41,6 @@ from flotilla_operator.status_writer import write_status as write_model_status
 PRUNABLE_KINDS = (("policy/v1", "PodDisruptionBudget"), ("networking.k8s.io/v1", "NetworkPolicy"))
 # Degraded reasons that come from observation, not from the spec: recomputed on every write, never carried
 NOT_PROBLEMS = ("AsExpected", "ReplicasLost", *pod_health.REASONS)
-NAME_CONFLICT = "ModelNameConflict"  # Degraded, but its pods still run: its own Service still reaches them
 PAST_TENSE = {"create": "Created", "update": "Updated", "delete": "Deleted"}
 
 
@@ -57,34 +57,20 @@ class Context:
         return self.locks.setdefault((namespace, name), asyncio.Lock())
 
 
-def name_holder(served_name: str, models: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The InferenceModel that keeps a served name when several serve it: the oldest live one (by
-    creationTimestamp, then namespace, then name), as flotilla-gateway routes (docs/gateway.md, "Route map")."""
-    live = [m for m in models if not m["metadata"].get("deletionTimestamp")
-            and ((m.get("spec") or {}).get("model") or {}).get("name") == served_name]
-    return min(live, key=lambda m: (m["metadata"].get("creationTimestamp", ""), m["metadata"].get("namespace", ""),
-                                    m["metadata"]["name"]), default=None)
+async def list_claimants(kube: KubeClient, namespace: str) -> list[dict[str, Any]]:
+    """Every InferenceModel that may claim a served name: cluster-wide, as the gateway sees them, or only
+    `namespace`'s where the operator's RBAC is namespaced."""
+    try:
+        return await kube.list(types.API_VERSION, types.PLURAL, None, "")
+    except KubeError as error:
+        if error.status != 403:
+            raise
+        return await kube.list(types.API_VERSION, types.PLURAL, namespace, "")
 
 
-async def find_problems(kube: KubeClient, namespace: str, spec: types.InferenceModelSpec,
-                        meta: dict[str, Any] | None = None) -> list[Problem]:
-    """Reasons a schema-valid spec cannot be honoured in this cluster right now."""
+async def find_problems(kube: KubeClient, namespace: str, spec: types.InferenceModelSpec) -> list[Problem]:
+    """Reasons a schema-valid spec of a dedicated model cannot be honoured in this cluster right now."""
     problems = []
-    if meta is not None:
-        try:
-            models = await kube.list(types.API_VERSION, types.PLURAL, None, "")
-        except KubeError as error:
-            if error.status != 403:
-                raise
-            models = await kube.list(types.API_VERSION, types.PLURAL, namespace, "")  # namespaced RBAC only
-        holder = name_holder(spec.model.name, models)
-        if holder is not None and holder["metadata"].get("uid") != meta.get("uid"):
-            other = f'{holder["metadata"].get("namespace")}/{holder["metadata"]["name"]}'
-            problems.append(Problem(
-                NAME_CONFLICT,
-                f'the model name "{spec.model.name}" is already served by the older InferenceModel {other}, '
-                "and the gateway routes it there; change spec.model.name",
-            ))
     pvc = spec.model.source.pvc
     if pvc is not None and await kube.get("v1", "persistentvolumeclaims", namespace, pvc.claim_name) is None:
         problems.append(Problem(
@@ -111,12 +97,14 @@ async def reconcile(ctx: Context, body: dict[str, Any], logger: logging.Logger |
         await write_status(ctx, namespace, name, [problem], meta.get("generation"))
         return
     owner = Owner(name, namespace, uid, spec)
+    conflict = name_conflict(spec.model.name, uid, holders(await list_claimants(ctx.kube, namespace)))
     if joins_pool(spec):  # a cost-first member of a ModelPool: no Deployment of its own (pool_join.py)
-        desired, prunable, problems = await member_children(ctx.kube, owner, ctx.settings.default_image)
+        desired, prunable, problems = await member_children(ctx.kube, owner, ctx.settings.default_image, conflict)
     else:
-        problems = await find_problems(ctx.kube, namespace, spec, meta)
+        problems = [*([conflict] if conflict else []), *await find_problems(ctx.kube, namespace, spec)]
         desired = desired_children(owner, ctx.settings.default_image, ctx.monitoring)
-        if any(p.reason != NAME_CONFLICT for p in problems):  # pods that cannot start are not created
+        # pods that cannot start are not created; a conflicted model's still run, reached by its own Service only
+        if any(p.reason != NAME_CONFLICT for p in problems):
             desired = [child for child in desired if child["kind"] != "Deployment"]
         prunable = PRUNABLE_KINDS
     observed = await observe(ctx.kube, namespace, name, desired, prunable)
@@ -188,6 +176,9 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
         except pydantic.ValidationError:
             desired, max_replicas = int((obj.get("spec") or {}).get("replicas") or 0), 0
             served_name, pool_name, deprecated = name, None, ()
+        known = tuple(_known_problems(previous) if problems is None else problems)
+        if any(p.reason == NAME_CONFLICT for p in known):
+            pool_name = None  # a member whose served name another holds does not join (pool_join.member_children)
         serving = await pool_serving(ctx.kube, spec, namespace) if pool_name is not None else None
         pods: list[dict[str, Any]] = []  # a member's pods are the pool's: their failures show on the ModelPool
         if serving is not None:  # a member reports the pool's pods: its own replicas do not apply
@@ -201,7 +192,7 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
             generation=generation,
             desired_replicas=desired,
             deployment=deployment,
-            problems=tuple(_known_problems(previous) if problems is None else problems),
+            problems=known,
             previous_status=previous,
             pod_problem=pod_health.summarize(pods, time.time()),
             deprecations=deprecated,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from flotilla_operator import crd, pod_health
+from flotilla_operator import crd, pod_health, served_names
 
 INTRO = """\
 # The Flotilla operator
@@ -101,11 +101,17 @@ The operator writes `status` through the status subresource and only the fields 
 |---|---|---|
 | `Ready` | At least one replica serves and all desired replicas are ready. | `AllReplicasReady`, `ReplicasNotReady`, `ScaledToZero` |
 | `Progressing` | A rollout or scale-up is under way. | `RollingOut`, `Scaling`, `Complete` |
-| `Degraded` | The operator cannot honour the spec, pods fail, or serving capacity was lost. | `ClaimNotFound`, `InvalidSpec`, `ChildRejected`, {pod_reasons}, `ReplicasLost`, `AsExpected` |
+| `Degraded` | The operator cannot honour the spec, pods fail, or serving capacity was lost. | `ClaimNotFound`, `{name_conflict}`, `InvalidSpec`, `ChildRejected`, {pod_reasons}, `ReplicasLost`, `AsExpected` |
 | `ScalingActive` | The autoscaler has metrics and controls `.spec.replicas`. Written by the autoscaler. | `ValidMetricFound`, `MetricsUnavailable`, `ScalingDisabled` |
 
 `status.message` (the `Message` column of `kubectl get im`) is the first clause of the `Degraded`
 message when degraded, else the `Ready` message.
+
+A served name (`spec.model.name`) belongs to one InferenceModel, the oldest that claims it (by
+`creationTimestamp`, then namespace, then name), dedicated or pooled: the gateway routes the name there. A
+later claimant is `Degraded` with reason `{name_conflict}`, whose message names the holder. A dedicated one
+keeps its pods, reached by its own Service only; a pooled one does not join its pool (docs/pools.md). It
+clears once the holder is deleted or renamed.
 
 ### Pod failures
 
@@ -228,7 +234,7 @@ def render(cli_help: str, render_help: str) -> str:
         "",
         PODS_TEXT,
         STATUS_TEXT.format(pod_reasons=", ".join(f"`{r}`" for r in pod_health.REASONS),
-                           grace_s=pod_health.UNSCHEDULABLE_GRACE_S),
+                           grace_s=pod_health.UNSCHEDULABLE_GRACE_S, name_conflict=served_names.NAME_CONFLICT),
         "## Status reference\n",
         *status_rows,
         "\n## Command line\n",

@@ -15,6 +15,7 @@ from flotilla_operator.pool_manifests import (
     pool_server_args,
 )
 from flotilla_operator.pool_members import (
+    NOT_LISTABLE,
     SOURCE_NOT_POOLABLE,
     Member,
     joins_pool,
@@ -24,6 +25,7 @@ from flotilla_operator.pool_members import (
 )
 from flotilla_operator.status import Problem
 from flotilla_server.cli import parse_settings
+from flotilla_server.model_cache.specs import parse_list
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -92,6 +94,40 @@ def test_the_members_file_has_one_sorted_line_per_served_name(entries):
     for line in lines:  # the first member of a name wins
         name, source = line.split("=", 1)
         assert source == next(s for n, s in entries if n == name)
+
+
+@pytest.mark.parametrize(("name", "source", "says"), [
+    ("my model", {"builtin": "tiny"}, "model name 'my model' must start with a letter or digit"),
+    ("a=b", {"builtin": "tiny"}, "model name 'a=b'"),
+    ("a\n", {"builtin": "tiny"}, "model name 'a\\n' must start"),  # a final newline: a second line
+    ("m", {"pvc": {"claimName": "models", "path": "my model"}}, "'model' follows source '/models/my'"),
+    ("m", {"pvc": {"claimName": "models", "path": "x\nevil=/etc"}}, "holds a control character"),
+    ("m", {"pvc": {"claimName": "models", "path": "x "}}, "source '/models/x ' begins or ends with whitespace"),
+])
+def test_a_member_whose_line_the_servers_would_refuse_is_not_listed_and_says_why(name, source, says):
+    spec = model(source, name=name)
+    problem = member_source(spec, POOL)
+    assert isinstance(problem, Problem) and problem.reason == NOT_LISTABLE
+    assert says in problem.message and "rename spec.model.name or the model's path" in problem.message
+    assert members([("im", spec)], "shared", POOL) == []  # never written: one member cannot spoil the file
+
+
+_NAMES = st.text(st.sampled_from("aZ09._:/-= \t#\n\x00é"), min_size=1, max_size=12)
+_PATHS = st.text(st.sampled_from("ab/._- \t\n=#é"), max_size=12)
+
+
+@given(st.lists(st.tuples(_NAMES, st.none() | _PATHS), max_size=6))
+def test_the_members_file_round_trips_through_the_servers_strict_parser(entries):
+    """Whatever names and paths InferenceModels carry, the file the operator writes is one the servers accept,
+    and it lists exactly the members it holds: each served name once, from the first InferenceModel."""
+    models = [(f"im-{i}", model({"builtin": "tiny"} if path is None else {"pvc": {"claimName": "models", "path": path}},
+                                name=name)) for i, (name, path) in enumerate(entries)]
+    found = members(models, "shared", POOL)
+    assert {m.name for m in found} == {n for n, spec in models if isinstance(member_source(spec, POOL), str)}
+    first = {}
+    for m in sorted(found, key=lambda m: m.name):
+        first.setdefault(m.model, m.source)
+    assert {s.name: s.source for s in parse_list(members_file(found), "models")} == first
 
 
 def owner(spec: pool_types.ModelPoolSpec = POOL) -> PoolOwner:

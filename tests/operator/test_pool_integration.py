@@ -5,6 +5,7 @@ Timing margins as in test_operator_integration.py: drift every 2 s, waits of sev
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -105,6 +106,44 @@ def test_a_missing_pool_is_degraded(cluster):
     k8s.create(model("orphan", pool_name="nowhere"))
     reason, message = k8s.eventually(lambda: degraded(k8s, "orphan"), WAIT_S, message="orphan Degraded")
     assert reason == "PoolNotFound" and "create it, or remove spec.pool" in message
+
+
+def test_a_member_whose_served_name_an_older_model_holds_does_not_join_until_the_holder_goes(cluster):
+    k8s, _ = cluster
+    k8s.create(pool("names"))
+    k8s.create(model("name-holder", pool_name=None, served_name="llama"))  # dedicated, and older
+    time.sleep(1.1)  # creationTimestamp has one-second resolution
+    k8s.create(model("name-taker", pool_name="names", served_name="llama"))
+    k8s.create(model("name-bystander", pool_name="names", served_name="qwen"))
+    reason, message = k8s.eventually(lambda: degraded(k8s, "name-taker"), WAIT_S, message="name-taker Degraded")
+    assert reason == "ModelNameConflict" and "default/name-holder" in message and "change spec.model.name" in message
+    # the bystander's line shows a pool pass that saw name-taker, and left it out
+    k8s.eventually(lambda: members_file(k8s, "names") == "qwen=tiny\n", WAIT_S, message="only name-bystander listed")
+    assert "pool" not in status(k8s, IM, "name-taker")  # not a member: `kubectl get im` shows no pool
+    k8s.eventually(lambda: [m["name"] for m in status(k8s, MP, "names").get("members", [])] == ["name-bystander"],
+                   WAIT_S, message="the pool's status.members")  # written after the file
+    k8s.delete(*IM, "name-holder", NS)
+    k8s.eventually(lambda: members_file(k8s, "names") == "llama=tiny\nqwen=tiny\n", WAIT_S, message="name-taker joined")
+    k8s.eventually(lambda: status(k8s, IM, "name-taker").get("pool") == "names" and degraded(k8s, "name-taker") is None,
+                   WAIT_S, message="name-taker's conflict cleared")
+    for name in ("name-taker", "name-bystander"):
+        k8s.delete(*IM, name, NS)
+
+
+def test_a_dedicated_model_whose_served_name_an_older_member_holds_is_a_name_conflict(cluster):
+    k8s, _ = cluster
+    k8s.create(pool("held"))
+    k8s.create(model("pooled-first", pool_name="held", served_name="mistral"))
+    k8s.eventually(lambda: members_file(k8s, "held") == "mistral=tiny\n", WAIT_S, message="pooled-first joined")
+    time.sleep(1.1)  # creationTimestamp has one-second resolution
+    k8s.create(model("dedicated-second", pool_name=None, served_name="mistral"))
+    reason, message = k8s.eventually(lambda: degraded(k8s, "dedicated-second"), WAIT_S, message="dedicated-second Degraded")
+    assert reason == "ModelNameConflict" and "default/pooled-first" in message
+    k8s.eventually(lambda: k8s.get(*DEPLOYMENTS, "dedicated-second", NS), WAIT_S,
+                   message="its pods still run, as any dedicated model's in a name conflict")
+    assert members_file(k8s, "held") == "mistral=tiny\n" and degraded(k8s, "pooled-first") is None
+    for name in ("dedicated-second", "pooled-first"):
+        k8s.delete(*IM, name, NS)
 
 
 def test_a_dedicated_model_that_joins_gives_up_its_deployment_and_the_pool_reports_for_it(cluster):
