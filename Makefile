@@ -40,17 +40,20 @@ $(HELM): scripts/install-helm.sh | $(STAMP)
 model: setup
 	$(PY) scripts/fetch_smollm2.py >/dev/null
 
-# The pool is sized explicitly: with the model's 8192-token context, the default (every slot at full
-# context) would be 64 x 8192 tokens x 45 KiB, about 24 GB. 2048 tokens and a 1 GiB pool (about
-# 23,000 tokens) fit any laptop.
+# The KV pool is the default, safe on a shared machine by itself: with no memory limit, at most a quarter
+# of MemAvailable and 1 GiB (about 23,000 tokens at 45 KiB a token; docs/serving.md, "KV cache"), so a
+# second server or `make test` beside it still fits. --max-model-len 2048 lets that pool hold 11 sequences
+# at full length rather than 2.8 at the model's 8192 tokens.
 run: setup model
-	$(VENV)/bin/flotilla-server --model $(SMOLLM2) --max-model-len 2048 --kv-cache-memory 1Gi \
+	$(VENV)/bin/flotilla-server --model $(SMOLLM2) --max-model-len 2048 \
 	  --host 127.0.0.1 --port 8000
 
-# lint: ruff, then the import contracts of .importlinter (the layers of docs/architecture.md)
+# lint: ruff, then the import contracts: .importlinter (the layers of docs/architecture.md) and
+# .importlinter-cycles (no cycles in model/, type-only imports counted), both in one lint-imports run
 lint: setup
 	$(VENV)/bin/ruff check .
-	PYTHONPATH="$(CURDIR)/contract:$(CURDIR)/server:$(CURDIR)/operator:$(CURDIR)/gateway:$(CURDIR)/sim$${PYTHONPATH:+:$$PYTHONPATH}" $(VENV)/bin/lint-imports
+	PYTHONPATH="$(CURDIR)/contract:$(CURDIR)/server:$(CURDIR)/operator:$(CURDIR)/gateway:$(CURDIR)/sim$${PYTHONPATH:+:$$PYTHONPATH}" \
+	  $(VENV)/bin/lint-imports .importlinter .importlinter-cycles
 
 # Two passes: the tests free of timing bounds two at a time (pytest-xdist, one file per worker, so a module's
 # server starts once), then the `serial` ones (latency and rate bounds, deadlines, the e2e/ loops) alone.

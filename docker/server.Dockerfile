@@ -8,6 +8,10 @@ ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# g++ builds the native CPU kernels below; it stays in this stage (the runtime stage copies only /opt/flotilla).
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends g++ \
+ && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/flotilla
 WORKDIR /src
 COPY constraints.txt ./
@@ -20,6 +24,13 @@ COPY operator ./operator
 COPY gateway ./gateway
 RUN /opt/flotilla/bin/pip install -c constraints.txt '.[server]' \
  && /opt/flotilla/bin/python -c "import torch, flotilla_server; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+# The native CPU kernels (every source scripts/build_kernels.py lists), written where the installed loader
+# looks: kernels/build beside model/native_gemv.py inside /opt/flotilla, which the loader itself names. No
+# -march: each kernel picks its AVX-512, AVX2 or plain path at run time, so one image runs on any x86-64 node.
+COPY scripts/build_kernels.py ./scripts/
+RUN out_dir="$(FLOTILLA_NATIVE_KERNELS=off /opt/flotilla/bin/python -c \
+      'from flotilla_server.model.native_gemv import LIBRARY; print(LIBRARY.parent)')" \
+ && /opt/flotilla/bin/python scripts/build_kernels.py --strict --out-dir "$out_dir"
 
 FROM ${PYTHON_IMAGE} AS runtime
 # 65532: the conventional non-root "nonroot" uid; the pod's securityContext runs as it too.
@@ -32,6 +43,12 @@ ENV PATH=/opt/flotilla/bin:$PATH \
     HF_HUB_OFFLINE=1
 USER 65532:65532
 WORKDIR /home/flotilla
+# The build fails unless the native kernel loads here, as the server's user, and agrees with torch: the loader
+# would only log a warning and fall back to slower one-row products.
+RUN python -c "import torch; from flotilla_server.model import native_gemv as n; \
+assert n.gemv_one_row is not None, 'the native CPU kernel did not load: see the warning above'; \
+x, w = torch.randn(1, 96), torch.randn(80, 96); \
+torch.testing.assert_close(n.gemv_one_row(x, w), x @ w.T, rtol=1e-4, atol=1e-4)"
 EXPOSE 8000
 # The operator passes --model, --port and the engine flags; `tiny` needs no weights.
 ENTRYPOINT ["flotilla-server"]

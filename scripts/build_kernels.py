@@ -4,7 +4,12 @@ model/native_gemv.py loads (`make setup` runs this; it is rebuilt when its sourc
 g++ straight from torch's include and library paths: no ninja, no pybind11, no Python module. A machine
 without a C++ compiler still serves: the library is missing, the loader says so once, and one-row float32
 products take oneDNN or MKL instead (docs/serving.md, "CPU threads"). Exits 0 in that case too, with the
-reason on stderr; with --strict (the test set-up), a failed build exits 1.
+reason on stderr; with --strict (the test set-up, the server image), a failed build exits 1.
+
+The library goes where the loader looks, kernels/build beside native_gemv.py: in the source tree by default
+(an editable install imports from there); --out-dir puts it elsewhere, e.g. into a non-editable install's
+package (docker/server.Dockerfile). No -march: the build targets baseline x86-64 and each kernel picks its
+AVX-512, AVX2 or plain path at run time from the CPU's features, so one build runs on every x86-64 node.
 """
 
 from __future__ import annotations
@@ -46,15 +51,20 @@ def command(output: Path) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--strict", action="store_true", help="exit 1 when the build fails")
+    parser.add_argument("--out-dir", type=Path, default=LIBRARY.parent,
+                        help=f"the directory to write {LIBRARY.name} into: the kernels/build beside the native_gemv.py "
+                             "that will load it (default: the source tree's, %(default)s)")
     args = parser.parse_args(argv)
     import torch
 
+    library = args.out_dir / LIBRARY.name
+    stamp = library.with_suffix(STAMP.suffix)
     want = fingerprint(torch.__version__)
-    if LIBRARY.is_file() and STAMP.is_file() and STAMP.read_text() == want:
-        print(LIBRARY)
+    if library.is_file() and stamp.is_file() and stamp.read_text() == want:
+        print(library)
         return 0
-    LIBRARY.parent.mkdir(parents=True, exist_ok=True)
-    partial = LIBRARY.with_suffix(".partial.so")
+    library.parent.mkdir(parents=True, exist_ok=True)
+    partial = library.with_suffix(".partial.so")
     try:
         subprocess.run(command(partial), check=True, capture_output=True, text=True)
     except (OSError, subprocess.CalledProcessError) as error:
@@ -62,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"build_kernels: the CPU kernels were not built ({detail.strip()[-2000:]}); one-row float32 "
               "products will use oneDNN or MKL", file=sys.stderr)
         return 1 if args.strict else 0
-    partial.replace(LIBRARY)
-    STAMP.write_text(want)
-    print(LIBRARY)
+    partial.replace(library)
+    stamp.write_text(want)
+    print(library)
     return 0
 
 

@@ -22,6 +22,10 @@ DEFAULT_QUEUE_TIMEOUT_S = 30.0
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+# CPU with no memory limit: the default KV pool takes at most this share of MemAvailable (two servers started
+# together on one host stay within half of it) and at most these bytes (docs/serving.md, "KV cache")
+SHARED_HOST_KV_SHARE = 0.25
+SHARED_HOST_KV_MAX_BYTES = 1024**3
 # Multi-model mode (docs/serving.md, "Multi-model mode")
 DEFAULT_POOL_KV_CACHE_MEMORY = "256Mi"  # each loaded model's fixed KV pool, counted in the memory budget
 DEFAULT_LOAD_TIMEOUT_S = 120.0
@@ -61,8 +65,9 @@ SERVER_FLAGS: tuple[Flag, ...] = (
          "--model NAME=SOURCE to serve several models from one memory budget (multi-model mode).",
          repeatable=True),
     Flag("--model-list-file", "model_list_file", "str", None,
-         "A file of NAME=SOURCE lines (multi-model mode), re-read when it changes: a new line becomes "
-         "loadable without a restart."),
+         "A file of NAME=SOURCE lines (multi-model mode; SOURCE: tiny or an absolute path), re-read when it "
+         "changes: a new line becomes loadable without a restart. Parsed strictly: a bad line refuses the "
+         "file (at start: exit 2; on a reload: the list before stays); an unreadable source skips its line."),
     Flag("--memory-budget", "memory_budget_bytes", "bytes", None,
          "Multi-model mode: memory that loaded models (weights and KV pools) may hold, e.g. 60Gi; default: "
          "80% of the GPU, or half the RAM on CPU."),
@@ -85,10 +90,14 @@ SERVER_FLAGS: tuple[Flag, ...] = (
     Flag("--gpu-memory-utilization", "gpu_memory_utilization", "float", DEFAULT_GPU_MEMORY_UTILIZATION,
          "Share of the device's memory the server may use (weights, activations, KV cache); the KV pool gets "
          "what is left after the weights and one profiled step. On CPU: the share of the container's memory "
-         "limit (or of the memory available), and the pool never exceeds every slot at --max-model-len."),
+         "limit (or of the memory available, with no limit; then see "
+         "--kv-cache-memory), and the pool never exceeds every slot at --max-model-len."),
     Flag("--kv-cache-memory", "kv_cache_memory_bytes", "bytes", None,
          "KV-cache pool size in bytes, e.g. 8Gi (overrides --gpu-memory-utilization; "
-         f"multi-model mode: each model's fixed pool, default {DEFAULT_POOL_KV_CACHE_MEMORY})."),
+         f"multi-model mode: each model's fixed pool, default {DEFAULT_POOL_KV_CACHE_MEMORY}). Unset on CPU with no "
+         f"memory limit, the pool takes at most {SHARED_HOST_KV_SHARE:.0%} of MemAvailable and at most "
+         f"{SHARED_HOST_KV_MAX_BYTES // 1024**3} GiB, so that other servers and programs on the host fit; set it "
+         "to take more."),
     Flag("--max-model-len", "max_model_len", "int", None,
          "Context limit (prompt + output tokens); default: the model's, capped by what the KV pool holds "
          "for one sequence."),
@@ -126,7 +135,8 @@ SERVER_FLAGS: tuple[Flag, ...] = (
          f"CPU threads an engine step of at most {SMALL_STEP_MAX_ROWS} rows may run on, borrowing the core otherwise left "
          "to HTTP (such a step reads every weight for a few rows: memory-bound); the engine measures both counts "
          "and runs the faster. Default: every CPU the process may use (its cores, capped by its container's CPU "
-         "quota); 0: such steps keep the engine's own count."),
+         "quota); 0: such steps keep the engine's own count. Multi-model mode: never more than each engine's "
+         "share of the threads."),
     Flag("--device", "device", "str", "cpu", "cpu or cuda[:N]."),
     Flag("--cuda-graphs", "cuda_graphs", "str", "auto",
          "on: replay pure decode steps of up to 256 sequences from captured CUDA graphs, padded to 1, 2, 4 or a "

@@ -30,6 +30,27 @@ class ModelLoad(BaseModel):
     memory_bytes: int | None = Field(None, ge=0, description="Bytes this model holds (weights and KV pool).")
 
 
+class SkippedModel(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    source: str
+    error: str = Field(description="Why the source cannot be read, and what to change.")
+
+
+class ModelListReport(BaseModel):
+    """A multi-model server's model list file (docs/serving.md, "The model list file")."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    path: str
+    reload_failures: int = Field(0, ge=0, description=(
+        "Versions of the file refused since start (a bad line, an unreadable file); the list before stayed."))
+    last_error: str | None = Field(None, description="Why the latest version was refused; null once a good one is read.")
+    skipped: list[SkippedModel] = Field(default_factory=list, description=(
+        "Entries of the list in force that are not served: their source cannot be read (each is tried again now and then)."))
+
+
 class ServerLoad(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -42,6 +63,7 @@ class ServerLoad(BaseModel):
     models: list[ModelLoad] = Field(default_factory=list)
     memory_budget_bytes: int | None = Field(None, ge=0, description="A pool server's memory budget.")
     memory_free_bytes: int | None = Field(None, ge=0, description="Budget not held by loaded models.")
+    model_list: ModelListReport | None = Field(None, description="A multi-model server's --model-list-file, if any.")
     prefix_keys: list[str] = Field(default_factory=list, description=(
         "Prefix keys (PREFIX_KEY_HEADER values of recent requests) whose prompt blocks the prefix cache holds now, "
         "most recent first."))

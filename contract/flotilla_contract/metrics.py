@@ -11,6 +11,7 @@ KV_BLOCKS_CACHED = "flotilla_kv_blocks_cached"  # free blocks still holding a re
 # prefix-cache lookups, in tokens (counters: the exposition adds `_total`)
 PREFIX_CACHE_QUERIES = "flotilla_prefix_cache_queries"
 PREFIX_CACHE_HITS = "flotilla_prefix_cache_hits"
+STEP_THREADS = "flotilla_step_threads"  # histogram: CPU threads each engine step ran on
 
 # The Gateway API Inference Extension's model-server protocol, exported beside ours.
 VLLM_REQUESTS_WAITING = "vllm:num_requests_waiting"
@@ -27,6 +28,9 @@ MODELS_RESIDENT = "flotilla_models_resident"  # gauge: models loaded now
 MODEL_LRU_AGE_SECONDS = "flotilla_model_lru_age_seconds"  # gauge: seconds since the least recently used resident model served
 MODEL_REQUESTS = "flotilla_model_requests"  # counter (exposed as _total): requests that named each model
 MODEL_STATE = "flotilla_model_state"  # gauge: 1 for each model's current state (label `state`)
+# the model list file: versions refused (a bad line, an unreadable file; counter, _total), entries not served
+MODEL_LIST_RELOAD_FAILURES = "flotilla_model_list_reload_failures"
+MODEL_LIST_SKIPPED = "flotilla_model_list_skipped"  # gauge: entries whose source cannot be read
 
 GATEWAY_REQUESTS_HELD = "flotilla_gateway_requests_held"  # the autoscaler's pending demand P
 

@@ -1,5 +1,6 @@
 """Static checks of the image recipes, since no docker engine runs here: multi-stage, non-root, pinned base,
-torch pinned through constraints.txt, and an operator image that installs everything the operator imports."""
+torch pinned through constraints.txt, a server image that builds its native kernel and refuses to build
+without it, and an operator image that installs everything the operator imports."""
 
 from __future__ import annotations
 
@@ -37,6 +38,37 @@ def test_server_image_pins_torch_through_constraints() -> None:
     assert re.search(r'pip install --index-url "\$\{TORCH_INDEX_URL\}" -c constraints\.txt torch==2\.13\.0', text)
     assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in text
     assert "pip install -c constraints.txt '.[server]'" in text
+
+
+def stages(text: str) -> dict[str, str]:
+    """Stage name -> its instructions, backslash-continued lines joined."""
+    joined = text.replace("\\\n", "")
+    parts = re.split(r"^FROM \S+ AS (\w+)$", joined, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
+
+
+def test_server_image_builds_the_native_kernel_into_the_installed_package_and_checks_that_it_loads() -> None:
+    """The image itself cannot be built here (no docker daemon): these are the steps that make it carry the
+    kernel. A build without them still succeeds and serves, only slower, which is why the runtime stage checks."""
+    text = DOCKERFILES["server"].read_text()
+    build, runtime = stages(text)["build"], stages(text)["runtime"]
+    assert re.search(r"apt-get install -y --no-install-recommends g\+\+", build), "the build stage needs a compiler"
+    assert not re.search(r"g\+\+|gcc|build-essential", runtime), "no compiler in the runtime stage"
+    assert "COPY scripts/build_kernels.py ./scripts/" in build
+    # the script, not one g++ line, so kernels added to its SOURCES are built too; --strict fails the build
+    assert re.search(r"python scripts/build_kernels\.py --strict --out-dir \"\$out_dir\"", build)
+    assert "from flotilla_server.model.native_gemv import LIBRARY; print(LIBRARY.parent)" in build  # where it loads
+    assert build.index("'.[server]'") < build.index("scripts/build_kernels.py --strict")  # into the installed copy
+    script = ast.parse((REPO_ROOT / "scripts" / "build_kernels.py").read_text())
+    command = next(n for n in script.body if isinstance(n, ast.FunctionDef) and n.name == "command")
+    flags = [n.value for n in ast.walk(command) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    instructions = re.sub(r"^#.*\n", "", text, flags=re.M)
+    for flag in ("-march", "-mavx", "-mtune=native"):  # each kernel picks AVX-512, AVX2 or plain at run time
+        assert flag not in instructions and not any(flag in f for f in flags), f"{flag}: the image runs on one kind of node"
+    (check,) = re.findall(r'^RUN python -c "(.+)"$', runtime, re.M)
+    assert runtime.index("USER 65532") < runtime.index(check), "the check loads it as the server's user"
+    assert "from flotilla_server.model import native_gemv" in check
+    assert "assert n.gemv_one_row is not None" in check and "assert_close(n.gemv_one_row(x, w), x @ w.T" in check
 
 
 def third_party_imports(paths: list) -> set[str]:

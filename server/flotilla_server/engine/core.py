@@ -22,7 +22,7 @@ from flotilla_server.engine.decode_timer import CONTEXT_TOKENS, DecodeStepTimer
 from flotilla_server.engine.detokenizer import IncrementalDetokenizer
 from flotilla_server.engine.graph_shapes import DEFAULT_GATHER_BUDGET_TOKENS, GraphShapes
 from flotilla_server.engine.kv_pool import BlockPool
-from flotilla_server.engine.memory_facts import host_capacity_bytes, profile_step_bytes, weights_bytes
+from flotilla_server.engine.memory_facts import host_capacity, profile_step_bytes, weights_bytes
 from flotilla_server.engine.model_runner import ModelRunner
 from flotilla_server.engine.outputs import EngineStats, RequestOutput, StepListener, StepRecord, TokenLogprobs
 from flotilla_server.engine.pool_sizing import MemoryFacts, plan_pool
@@ -45,7 +45,7 @@ class EngineCore:
         sized_from_memory = config.num_kv_blocks is None and config.kv_cache_memory_bytes is None
         on_gpu = config.device != "cpu"
         # host memory is read before the weights load, so that they are subtracted once
-        host_bytes = host_capacity_bytes() if not on_gpu else 0  # also bounds an explicit pool size
+        host_bytes, host_limited = host_capacity() if not on_gpu else (0, False)  # also bounds an explicit pool
         self.loaded = loaded or load_model(config.model, config.dtype, config.device)
         mc = self.loaded.config
         dtype = torch_dtype(config.dtype)
@@ -53,7 +53,7 @@ class EngineCore:
         # the graphs' gather buffers exist before the pool is sized from free memory: it leaves them room
         graph_gather = (KVCacheTensors.gather_buffers(DEFAULT_GATHER_BUDGET_TOKENS, mc.num_kv_heads, mc.head_dim, dtype,
                                                       config.device) if config.cuda_graphs else None)
-        facts = MemoryFacts(on_gpu, host_bytes, weights_bytes(self.loaded.model))
+        facts = MemoryFacts(on_gpu, host_bytes, weights_bytes(self.loaded.model), capacity_is_limit=host_limited)
         if sized_from_memory and on_gpu:
             facts = self._gpu_facts(facts, dtype)
         plan = plan_pool(
@@ -222,6 +222,7 @@ class EngineCore:
             sample_s=result.sample_s,
             update_s=updated - executed,
             detokenize_s=end - updated,
+            num_threads=result.num_threads,
         )
         self._last_step_s = record.duration_s
         self.last_record = record

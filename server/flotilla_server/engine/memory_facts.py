@@ -3,7 +3,9 @@
 
 On CPU the capacity is the container's limit (cgroup v2 `memory.max`, or v1 `memory.limit_in_bytes`) when
 it is below the memory available, else MemAvailable: a pod with an 8 Gi limit on a large node must not size
-its pool from the node. It is read before the weights load, so the weights are subtracted once.
+its pool from the node. It is read before the weights load, so the weights are subtracted once. Whether
+the capacity is the container's own limit or the host's MemAvailable is reported too: only the latter is
+shared with the host's other programs, and pool sizing takes a smaller share of it.
 """
 
 from __future__ import annotations
@@ -37,10 +39,13 @@ def mem_available_bytes(meminfo: Path = Path("/proc/meminfo")) -> int:
     raise RuntimeError(f"no MemAvailable in {meminfo}: set --kv-cache-memory")
 
 
-def host_capacity_bytes() -> int:
+def host_capacity() -> tuple[int, bool]:
+    """(bytes this engine may use, whether that is the cgroup's limit); a limit above MemAvailable does not bind."""
     available = mem_available_bytes()
     limit = cgroup_limit_bytes()
-    return available if limit is None else min(limit, available)
+    if limit is not None and limit <= available:
+        return limit, True
+    return available, False
 
 
 def weights_bytes(model: torch.nn.Module) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -34,6 +34,7 @@ class StepResult:
     logprobs: list[TokenLogprobs | None]  # one per sampled token; None where its request did not ask
     prepare_s: float = 0.0  # the plan made into input tensors and the attention layout
     sample_s: float = 0.0  # sampling and logprobs
+    num_threads: int = 0  # CPU threads the step ran on (engine/step_threads.py); 0 on a GPU
 
 
 class ModelRunner:
@@ -73,7 +74,8 @@ class ModelRunner:
         between steps (another runner on this thread, a model loaded later in multi-model mode, reads it
         as such)."""
         if self._threads is None:
-            return self._execute(plan)
+            result = self._execute(plan)
+            return replace(result, num_threads=torch.get_num_threads()) if self.device.type == "cpu" else result
         own = torch.get_num_threads()
         if own != self._threads.own:
             self._threads = SmallStepThreads(own, self._threads.wide)
@@ -89,7 +91,7 @@ class ModelRunner:
             finally:
                 torch.set_num_threads(own)
         self._threads.observe(rows, want, time.perf_counter() - start)
-        return result
+        return replace(result, num_threads=want)
 
     @torch.inference_mode()
     def _execute(self, plan: StepPlan) -> StepResult:

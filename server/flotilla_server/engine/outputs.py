@@ -57,6 +57,7 @@ class StepRecord:
     sample_s: float = 0.0
     update_s: float = 0.0
     detokenize_s: float = 0.0
+    num_threads: int = 0  # CPU threads the forward pass ran on (engine/step_threads.py); 0 on a GPU
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,11 @@ Rules (docs/serving.md, "KV cache"):
 - `--num-kv-blocks`, else `--kv-cache-memory`, else a share of memory: `--gpu-memory-utilization` × the
   device's memory (CPU: the container's memory limit, or the memory available) less the weights and, on a
   GPU, less the peak of one profiled step and what other processes hold.
+- On CPU with no memory limit (or one above MemAvailable) the pool also never exceeds a quarter of
+  MemAvailable, nor 1 GiB (`SHARED_HOST_KV_SHARE`, `SHARED_HOST_KV_MAX_BYTES`): that memory is the host's,
+  shared with every program on it, and two servers started at once both read the same MemAvailable. Each
+  taking at most a quarter, two servers' pools together stay within half of it, whether they start at once
+  or one after the other; `--kv-cache-memory` takes more.
 - On CPU the pool never exceeds every slot at the context limit (`max_num_seqs × max_model_len`): memory a
   host shares with its other programs is not taken for positions no request can use.
 - `max_model_len` defaults to the model's context, capped by what the pool holds for one sequence; a
@@ -15,9 +20,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flotilla_contract.flags import SHARED_HOST_KV_MAX_BYTES, SHARED_HOST_KV_SHARE
+
 from flotilla_server.engine.feasibility import blocks_for
 
 GIB = 1024**3
+SHARE_SOURCE = "--gpu-memory-utilization"
+SHARED_HOST_SOURCE = (f"no memory limit: at most {SHARED_HOST_KV_SHARE:.0%} of MemAvailable and "
+                      f"{SHARED_HOST_KV_MAX_BYTES / GIB:g} GiB; --kv-cache-memory raises it")
+SLOTS_SOURCE = "--max-num-seqs × --max-model-len"
 
 
 @dataclass(frozen=True)
@@ -29,13 +40,14 @@ class MemoryFacts:
     weights_bytes: int  # the model's parameters and, on CPU, their packed copies (engine/memory_facts.weights_bytes)
     activation_bytes: int = 0  # GPU: the peak of one profiled step at max_num_batched_tokens
     others_bytes: int = 0  # GPU: memory held outside this engine's tensors (other processes, the CUDA context)
+    capacity_is_limit: bool = False  # CPU: capacity_bytes is the container's own limit, not the host's MemAvailable
 
 
 @dataclass(frozen=True)
 class PoolPlan:
     num_blocks: int
     max_model_len: int
-    source: str  # which rule sized it: "--num-kv-blocks", "--kv-cache-memory", "--gpu-memory-utilization"
+    source: str  # which rule sized it: "--num-kv-blocks", "--kv-cache-memory", or the bound of the default
 
     def describe(self, block_size: int, bytes_per_block: int) -> str:
         tokens = self.num_blocks * block_size
@@ -57,24 +69,14 @@ def plan_pool(*, num_kv_blocks: int | None, kv_cache_memory_bytes: int | None, g
     elif kv_cache_memory_bytes is not None:
         blocks, source = kv_cache_memory_bytes // bytes_per_block, "--kv-cache-memory"
     else:
-        source = "--gpu-memory-utilization"
-        budget = int(gpu_memory_utilization * facts.capacity_bytes) - facts.weights_bytes
-        budget -= facts.activation_bytes + facts.others_bytes
-        blocks = max(0, budget) // bytes_per_block
-        if not facts.on_gpu:
-            blocks = min(blocks, max_num_seqs * blocks_for(wanted_len, block_size))
-        if blocks < 1:
-            raise ValueError(
-                f"no memory is left for the KV cache: {gpu_memory_utilization} × {facts.capacity_bytes / GIB:.2f} GiB "
-                f"less {facts.weights_bytes / GIB:.2f} GiB of weights"
-                + (f", {facts.activation_bytes / GIB:.2f} GiB of activations and {facts.others_bytes / GIB:.2f} GiB "
-                   "held by others" if facts.on_gpu else "")
-                + " leaves nothing; raise --gpu-memory-utilization, give the container more memory, or set "
-                "--kv-cache-memory"
-            )
+        blocks, source = default_blocks(gpu_memory_utilization, facts, bytes_per_block)
+        slot_blocks = max_num_seqs * blocks_for(wanted_len, block_size)
+        if not facts.on_gpu and slot_blocks < blocks:
+            blocks, source = slot_blocks, SLOTS_SOURCE
     if blocks < 1:
         raise ValueError(f"{source} gives less than one KV block ({bytes_per_block} bytes); give the KV cache more")
-    if source != "--gpu-memory-utilization" and facts.capacity_bytes and blocks * bytes_per_block > facts.capacity_bytes:
+    explicit = source in ("--num-kv-blocks", "--kv-cache-memory")
+    if explicit and facts.capacity_bytes and blocks * bytes_per_block > facts.capacity_bytes:
         raise ValueError(f"{source}: a KV cache of {blocks * bytes_per_block} bytes is more than the "
                          f"{facts.capacity_bytes} bytes of memory this engine may use; lower {source}")
     held = blocks * block_size
@@ -85,3 +87,32 @@ def plan_pool(*, num_kv_blocks: int | None, kv_cache_memory_bytes: int | None, g
             "(--gpu-memory-utilization, --kv-cache-memory or --num-kv-blocks)"
         )
     return PoolPlan(blocks, min(wanted_len, held), source)
+
+
+def shared_host_cap_bytes(facts: MemoryFacts) -> int | None:
+    """CPU with no binding memory limit: the most of the host's memory the default pool may take; else None."""
+    if facts.on_gpu or facts.capacity_is_limit:
+        return None
+    return min(int(SHARED_HOST_KV_SHARE * facts.capacity_bytes), SHARED_HOST_KV_MAX_BYTES)
+
+
+def default_blocks(gpu_memory_utilization: float, facts: MemoryFacts, bytes_per_block: int) -> tuple[int, str]:
+    """The pool no flag sized, in blocks, and which rule bound it. Raises ValueError when it is empty."""
+    budget = int(gpu_memory_utilization * facts.capacity_bytes) - facts.weights_bytes
+    budget -= facts.activation_bytes + facts.others_bytes
+    source = SHARE_SOURCE
+    cap = shared_host_cap_bytes(facts)
+    if cap is not None and cap < budget:
+        budget, source = cap, SHARED_HOST_SOURCE
+    blocks = max(0, budget) // bytes_per_block
+    if blocks < 1:
+        raise ValueError(
+            f"no memory is left for the KV cache: {gpu_memory_utilization} × {facts.capacity_bytes / GIB:.2f} GiB "
+            f"less {facts.weights_bytes / GIB:.2f} GiB of weights"
+            + (f", {facts.activation_bytes / GIB:.2f} GiB of activations and {facts.others_bytes / GIB:.2f} GiB "
+               "held by others" if facts.on_gpu else "")
+            + (f" (with no memory limit, at most {SHARED_HOST_KV_SHARE:.0%} of MemAvailable)" if cap is not None else "")
+            + " leaves nothing; raise --gpu-memory-utilization, give the container more memory, or set "
+            "--kv-cache-memory"
+        )
+    return blocks, source

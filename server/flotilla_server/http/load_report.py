@@ -7,9 +7,10 @@ engine's short state lock (never held across a forward pass), so polling it cost
 
 from __future__ import annotations
 
-from flotilla_contract.load import ModelLoad, ServerLoad
+from flotilla_contract.load import ModelListReport, ModelLoad, ServerLoad, SkippedModel
 
 from flotilla_server.engine.outputs import EngineStats
+from flotilla_server.model_cache.membership import ListStatus
 from flotilla_server.model_cache.status import ModelStatus
 
 
@@ -31,9 +32,10 @@ def server_load(*, stats: EngineStats, queued: int, queue_capacity: int, accepti
 
 
 def pool_load(*, accepting: bool, models: list[tuple[ModelStatus, EngineStats | None, int]], queue_capacity: int,
-              budget_bytes: int, used_bytes: int) -> ServerLoad:
+              budget_bytes: int, used_bytes: int, model_list: ListStatus | None = None) -> ServerLoad:
     """A multi-model server's report: per model (its cache status, its engine's stats if loaded, and the
-    requests in its admission queue); a model not loaded reports the requests held for its load as waiting."""
+    requests in its admission queue); a model not loaded reports the requests held for its load as waiting.
+    `model_list`: the list file's refusals, if the server follows one."""
     rows, waiting, running, slots, kv_used, kv_total, keys = [], 0, 0, 0, 0, 0, []
     for status, stats, queued in models:
         if stats is None:
@@ -52,4 +54,7 @@ def pool_load(*, accepting: bool, models: list[tuple[ModelStatus, EngineStats | 
         ready=accepting, waiting=waiting, running=running, slots=slots, queue_capacity=queue_capacity,
         kv_usage=min(1.0, kv_used / kv_total) if kv_total else 0.0, models=rows,
         memory_budget_bytes=budget_bytes, memory_free_bytes=max(0, budget_bytes - used_bytes), prefix_keys=keys,
+        model_list=None if model_list is None else ModelListReport(
+            path=model_list.path, reload_failures=model_list.reload_failures, last_error=model_list.last_error,
+            skipped=[SkippedModel(name=s.name, source=s.source, error=s.error) for s in model_list.skipped]),
     )

@@ -31,6 +31,7 @@ _ITL_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.
 _DURATION_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 _STEP_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 _STEP_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+_STEP_THREAD_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,8 @@ class ServerMetrics:
                                        [names.MODEL_LABEL], buckets=_STEP_BUCKETS_S, registry=r)
         self.step_tokens = Histogram("flotilla_step_tokens", "Tokens computed in one engine step.",
                                      [names.MODEL_LABEL], buckets=_STEP_TOKEN_BUCKETS, registry=r)
+        self.step_threads = Histogram(names.STEP_THREADS, "CPU threads one engine step ran on (CPU engines only).",
+                                      [names.MODEL_LABEL], buckets=_STEP_THREAD_BUCKETS, registry=r)
         self.classes = ClassMetrics(r, model)
         state = _StateCollector(model, snapshot)
         r.register(state)
@@ -157,6 +160,9 @@ class ServerMetrics:
         assert reason in REJECTION_REASONS, reason
         self.rejections.labels(self.model, reason).inc()
 
-    def observe_step(self, duration_s: float, num_tokens: int) -> None:
+    def observe_step(self, duration_s: float, num_tokens: int, num_threads: int = 0) -> None:
+        """`num_threads`: 0 for a GPU step, which is not counted in flotilla_step_threads."""
         self.step_duration.labels(self.model).observe(duration_s)
         self.step_tokens.labels(self.model).observe(num_tokens)
+        if num_threads:
+            self.step_threads.labels(self.model).observe(num_threads)

@@ -58,7 +58,7 @@ class PoolFront:
     def __init__(self, cache: ModelCache, settings: ServerSettings) -> None:
         self.cache = cache
         self.settings = settings
-        self.metrics = PoolMetrics(cache.status)
+        self.metrics = PoolMetrics(cache.status, cache.list_status)
         self.lanes: dict[str, Lane] = {}
         self.routes: FastAPI | None = None  # the non-generation endpoints (pool_routes.create_pool_app)
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -234,6 +234,9 @@ class PoolFront:
             return await cache.acquire(name, s.load_timeout_s)
         except UnknownModel:
             self.metrics.requests.labels("", "unknown_model").inc()
+            if (skipped := cache.skipped_reason(name)) is not None:
+                raise FrontRefusal(404, f"The model {name!r} is listed but not served: {skipped}.",
+                                   "model_not_found", "model") from None
             raise FrontRefusal(404, f"The model {name!r} does not exist here: this server serves "
                                     f"{', '.join(sorted(cache.names()))} (see GET /v1/models).",
                                "model_not_found", "model") from None

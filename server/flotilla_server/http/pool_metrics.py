@@ -3,7 +3,7 @@
 Each model keeps one ServerMetrics (its own registry) for the server's life, so its counters survive an
 eviction and a reload; the exposition merges every model's families into one (a family name may appear
 only once in the text format). The cache's series (flotilla_contract.metrics: load seconds, evictions,
-engine deaths, resident models, LRU age, requests per model) are read or counted here (docs/serving.md,
+engine deaths, resident models, LRU age, requests per model, the model list's refusals) are read or counted here (docs/serving.md,
 "Multi-model mode").
 """
 
@@ -13,10 +13,11 @@ from collections.abc import Callable, Iterator
 
 from flotilla_contract import metrics as names
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from flotilla_server.http.metrics import ServerMetrics, StateSnapshot
+from flotilla_server.model_cache.membership import ListStatus
 from flotilla_server.model_cache.status import ModelStatus
 
 _LOAD_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
@@ -42,10 +43,19 @@ class _Merged(Collector):
 
 
 class _CacheGauges(Collector):
-    def __init__(self, status: Callable[[], list[ModelStatus]]) -> None:
+    def __init__(self, status: Callable[[], list[ModelStatus]],
+                 list_status: Callable[[], ListStatus | None]) -> None:
         self._status = status
+        self._list_status = list_status
 
     def collect(self) -> Iterator[Metric]:
+        listing = self._list_status()
+        if listing is not None:  # read from the cache at scrape time, as the gauges below
+            yield CounterMetricFamily(names.MODEL_LIST_RELOAD_FAILURES, "Versions of the model list file refused "
+                                      "(a bad line, an unreadable file); the list before stayed.",
+                                      value=listing.reload_failures)
+            yield GaugeMetricFamily(names.MODEL_LIST_SKIPPED, "Entries of the model list not served: their source "
+                                    "cannot be read.", value=len(listing.skipped))
         models = self._status()
         loaded = [m for m in models if m.state == "loaded"]
         yield GaugeMetricFamily(names.MODELS_RESIDENT, "Models loaded now.", value=len(loaded))
@@ -62,7 +72,8 @@ class _CacheGauges(Collector):
 
 
 class PoolMetrics:
-    def __init__(self, status: Callable[[], list[ModelStatus]]) -> None:
+    def __init__(self, status: Callable[[], list[ModelStatus]],
+                 list_status: Callable[[], ListStatus | None] = lambda: None) -> None:
         self._per_model: dict[str, ServerMetrics] = {}
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
@@ -76,7 +87,7 @@ class PoolMetrics:
         self.requests = Counter(names.MODEL_REQUESTS, "Generation requests that named each model, by what the "
                                 "server did before the model's own queue: routed, or refused and why.",
                                 [names.MODEL_LABEL, "outcome"], registry=r)
-        r.register(_CacheGauges(status))
+        r.register(_CacheGauges(status, list_status))
         r.register(_Merged(lambda: list(self._per_model.values())))
 
     def for_model(self, name: str, snapshot: Callable[[], StateSnapshot]) -> ServerMetrics:

@@ -39,14 +39,15 @@ def create_pool_app(front: PoolFront) -> FastAPI:
 
     @app.get(LOAD_PATH, response_model=ServerLoad)
     async def load() -> Response:
-        """Per model: state, queue, memory and idle time; the server's memory budget and what is free."""
+        """Per model: state, queue, memory and idle time; the memory budget and what is free; the list file's refusals."""
         rows = []
         for status in front.cache.status():
             lane = front.lanes.get(status.name)
             stats = lane.state.engine.stats() if lane is not None else None
             rows.append((status, stats, len(lane.state.admission) if lane is not None else 0))
         report = pool_load(accepting=front.accepting, models=rows, queue_capacity=front.settings.queue_capacity,
-                           budget_bytes=front.cache.budget_bytes, used_bytes=front.cache.used_bytes())
+                           budget_bytes=front.cache.budget_bytes, used_bytes=front.cache.used_bytes(),
+                           model_list=front.cache.list_status())
         return Response(report.model_dump_json(), media_type="application/json")
 
     @app.get("/healthz")

@@ -33,9 +33,14 @@ def serve_pool(settings: ServerSettings, cache: ModelCache) -> int:
                             lifespan="on")
     server = DrainingServer(config, front, settings.drain_timeout_s)
     names = cache.names()
-    print(f"flotilla-server: serving {len(names)} model(s) ({', '.join(names)}) within a memory budget of "
-          f"{cache.budget_bytes} bytes on http://{settings.host}:{settings.port}; each loads on its first "
-          f"request; try:\n  {curl_example(settings, names[0] if names else 'NAME')}", flush=True)
+    listing = cache.list_status()
+    if names:
+        serving = f"serving {len(names)} model(s) ({', '.join(names)})"
+    else:  # only an empty list file gets here: a server whose every source failed does not start
+        serving = f"serving no model until the model list {listing.path if listing else ''} names one"
+    print(f"flotilla-server: {serving} within a memory budget of {cache.budget_bytes} bytes on "
+          f"http://{settings.host}:{settings.port}; each loads on its first request; try:\n  "
+          f"{curl_example(settings, names[0] if names else 'NAME')}", flush=True)
     freeze_startup_heap()
     try:
         server.run()

@@ -1,4 +1,5 @@
-"""GGUFFile: the metadata and tensor index of a `.gguf` file, read in well under a second.
+"""GGUFFile: the metadata and tensor index of a `.gguf` file, read in well under a second; GGUFModel, the
+view of it that the loader and the tokenizer builder both read (here, so neither imports the other).
 
 The `gguf` package's own GGUFReader builds a numpy view for every element of every array; for a
 tokenizer of 49,152 tokens and as many merges that takes 7 s or more, on every server start. This
@@ -105,3 +106,19 @@ class GGUFFile:
         if value_type not in _SCALAR:
             raise GGUFFormatError(f"{self.path}: unknown GGUF value type {value_type} at byte {self._pos}")
         return self._unpack(f"<{_SCALAR[value_type]}")[0]
+
+
+class GGUFModel:
+    """The parts of one GGUF file the runtime needs, read without loading the tensor data."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file = GGUFFile(path)
+        self.tensors = self.file.tensors
+        self.architecture = str(self.field("general.architecture"))
+
+    def field(self, key: str, default: Any = None) -> Any:
+        return self.file.fields.get(key, default)
+
+    def arch_field(self, key: str, default: Any = None) -> Any:
+        return self.field(f"{self.architecture}.{key}", default)

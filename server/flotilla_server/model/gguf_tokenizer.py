@@ -10,16 +10,12 @@ training silently degrades every answer, so it is never guessed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as HFTokenizer
 
 from .config import UnsupportedModelError
+from .gguf_file import GGUFModel
 from .tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-    from .gguf_loader import GGUFModel
 
 CONTROL = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL
 _LLAMA3_SPLIT = (

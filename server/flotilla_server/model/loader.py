@@ -21,6 +21,7 @@ from safetensors import safe_open
 from .config import ModelConfig
 from .gguf_loader import is_gguf, load_gguf
 from .llama import DecoderModel
+from .source import hf_config, neither_message
 from .tiny import TINY_CONFIG, TINY_DESCRIPTION, TINY_NAME, build_tiny_model, build_tiny_tokenizer
 from .tokenizer import Tokenizer
 
@@ -61,15 +62,8 @@ def load_model(model: str, dtype: str = "float32", device: str = "cpu") -> Loade
         log.info("loaded %s (GGUF %s, %d layers) as %s on %s", path, config.model_type, config.num_layers, dtype, device)
         return LoadedModel(net, tokenizer, config, name, f"{config.model_type} model from {path.name}, dequantized")
     if not path.is_dir():
-        raise FileNotFoundError(
-            f"model {model!r} is neither 'tiny', a directory nor a .gguf file: pass --model tiny, the path "
-            "of a Hugging Face model directory (config.json, *.safetensors, tokenizer.json) or of a .gguf file"
-        )
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise FileNotFoundError(f"{config_file} not found: a Hugging Face model directory needs config.json")
-    with config_file.open() as f:
-        config = ModelConfig.from_hf(json.load(f))
+        raise FileNotFoundError(neither_message(model))
+    config = hf_config(path)
     tokenizer = Tokenizer.from_dir(path, extra_eos_token_ids=config.eos_token_ids)
 
     with torch.device("meta"):
@@ -110,8 +104,7 @@ def load_model_with_weights(model: str, weights: Mapping[str, torch.Tensor], dty
         config, tokenizer, name, description = TINY_CONFIG, build_tiny_tokenizer(), TINY_NAME, TINY_DESCRIPTION
     else:
         path = Path(model)
-        with (path / "config.json").open() as f:
-            config = ModelConfig.from_hf(json.load(f))
+        config = hf_config(path)
         tokenizer = Tokenizer.from_dir(path, extra_eos_token_ids=config.eos_token_ids)
         name, description = path.name, f"{config.model_type} model from {path}"
     with torch.device("meta"):

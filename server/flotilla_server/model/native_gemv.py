@@ -1,6 +1,6 @@
-"""The one-row float32 kernel of model/kernels/gemv.cpp, when `make setup` built it
-(scripts/build_kernels.py); `gemv_one_row` is None when it did not, and model/linear.py then keeps MKL's
-and oneDNN's one-row paths. The reason is logged once, at import.
+"""The one-row float32 kernel of model/kernels/gemv.cpp, when `make setup` or the server image's build built
+it (scripts/build_kernels.py, into kernels/build beside this file); `gemv_one_row` is None when it did not,
+and model/linear.py then keeps MKL's and oneDNN's one-row paths. The reason is logged once, at import.
 
 FLOTILLA_NATIVE_KERNELS=off leaves it unloaded (for comparisons in one benchmark run).
 """

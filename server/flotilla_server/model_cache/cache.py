@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from flotilla_server.model_cache.engines import Engines, ModelEngine
+from flotilla_server.model_cache.membership import ListStatus, Membership, Skipped
 from flotilla_server.model_cache.policy import Action, Resident, decide_load
-from flotilla_server.model_cache.specs import ModelListFile, ModelSpec, merge
+from flotilla_server.model_cache.specs import ModelSpec
 from flotilla_server.model_cache.status import (
     AVAILABLE,
     LOADED,
@@ -37,7 +38,6 @@ from flotilla_server.model_cache.threads import most_resident
 
 log = logging.getLogger("flotilla.model_cache")
 
-LIST_POLL_S = 1.0  # how often the model list file is checked for changes
 _IDLE_WAIT_S = 1.0  # the worker re-checks the list file and waiting loads at least this often
 
 @dataclass(eq=False)
@@ -62,64 +62,63 @@ class ModelCache:
         self.min_residency_s = min_residency_s
         self.hooks = hooks or CacheHooks()
         self._clock = clock
-        self._flag_specs = specs
-        self._list = ModelListFile(list_file) if list_file else None
         self._cond = threading.Condition()
         self._entries: dict[str, _Entry] = {}
         self._pending: list[str] = []  # loads asked for, oldest first
         self._stop = False
         self._thread: threading.Thread | None = None
-        self._list_checked_s = float("-inf")
-        self._set_specs(specs)
+        # ValueError (one line) for a list file that cannot be read, or sources that refuse the start
+        self._members = Membership(specs, list_file)
+        self._members.check_start(self._set_specs(self._members.specs))
 
-    # --- membership -----------------------------------------------------------------------------
+    # --- membership (membership.py decides what is listed; here, what it costs) -----------------
 
-    def _set_specs(self, specs: tuple[ModelSpec, ...]) -> None:
-        """Register new names, forget unlisted idle ones; a source that cannot be read is skipped, logged."""
+    def _set_specs(self, specs: tuple[ModelSpec, ...]) -> list[Skipped]:
+        """Register new names, forget unlisted idle ones; returns those whose source cannot be read."""
         wanted = {s.name: s for s in specs}
+        with self._cond:
+            new = [s for s in specs if (e := self._entries.get(s.name)) is None or (e.spec != s and e.state == AVAILABLE)]
+        footprints, skipped = {}, []
+        for spec in new:  # outside the lock: a GGUF's metadata takes a tenth of a second to read
+            try:
+                footprints[spec.name] = self.engines.footprint_bytes(spec.source)
+            except (ValueError, OSError) as e:  # this entry is not served; the others are
+                skipped.append(Skipped(spec.name, spec.source, str(e)))
+        refused = {s.name for s in skipped}
         with self._cond:
             for name, spec in wanted.items():
                 entry = self._entries.get(name)
                 if entry is not None and entry.spec == spec:
                     entry.listed = True
-                    continue
-                if entry is not None and entry.state != AVAILABLE:
+                elif entry is not None and entry.state != AVAILABLE:
                     log.warning("model %s: source changed to %s; it is used after its unload", name, spec.source)
-                    continue
-                try:
-                    footprint = self.engines.footprint_bytes(spec.source)
-                except ValueError as e:
-                    log.error("model %s is not served: %s", name, e)
-                    continue
-                self._entries[name] = _Entry(spec, footprint)
+                elif name in footprints:
+                    self._entries[name] = _Entry(spec, footprints[name])
             for name, entry in list(self._entries.items()):
-                if name not in wanted:
+                if name not in wanted or name in refused:  # a refused new source unlists the old one
                     entry.listed = False
                     if entry.state == AVAILABLE and entry.users == 0:
                         del self._entries[name]
             self._cond.notify_all()
+        return skipped
 
-    def _refresh_list(self) -> None:
-        if self._list is None or self._clock() - self._list_checked_s < LIST_POLL_S:
-            return
-        self._list_checked_s = self._clock()
-        try:
-            specs = self._list.read_if_changed()
-        except (OSError, ValueError) as e:
-            log.warning("model list %s not read (%s); keeping the models listed before", self._list.path, e)
-            return
+    def _refresh_list(self, force: bool = False) -> None:
+        specs = self._members.poll(self._clock(), force)
         if specs is not None:
-            try:
-                self._set_specs(merge(self._flag_specs, specs))
-            except ValueError as e:
-                log.warning("model list %s: %s; keeping the models listed before", self._list.path, e)
-                return
-            log.info("model list %s: %s", self._list.path, ", ".join(s.name for s in specs) or "(empty)")
+            self._members.record_skipped(self._set_specs(specs))
 
     def check_list_now(self) -> None:
-        """Read the list file now if it changed (tests; the worker does it every LIST_POLL_S)."""
-        self._list_checked_s = float("-inf")
-        self._refresh_list()
+        """Read the list file now if it changed (tests; the worker does it every membership.LIST_POLL_S)."""
+        self._refresh_list(force=True)
+
+    def list_status(self) -> ListStatus | None:
+        """The model list file's state (None without one): refused versions, skipped entries."""
+        return self._members.status()
+
+    def skipped_reason(self, name: str) -> str | None:
+        """Why a listed model is not served (its source cannot be read), or None."""
+        skipped = self._members.skipped.get(name)
+        return skipped.error if skipped is not None else None
 
     # --- requests (event loop) ------------------------------------------------------------------
 

@@ -10,43 +10,29 @@ Rules for a load, so that it does not starve the resident models:
 - engine processes are forked from a forkserver that imported torch once (engine/backends.py): a load pays
   for its own model only, not for 3 s of CPU importing torch at full priority;
 - the model loads on a thread niced by LOAD_NICE, on LOAD_THREADS torch thread(s); once loaded, the engine
-  steps on its process's main thread, at normal priority, on its share of the CPU threads (threads.py).
+  steps on its process's main thread, at normal priority, on its share of the CPU threads (threads.py), its
+  steps of few rows included (they never borrow past the share: threads.small_step_threads).
 The "inprocess" mode runs each engine on a thread of this process instead, at the server's priority and
 thread count (tests, and machines where a process per model costs too much).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import replace
-from pathlib import Path
 
 from flotilla_server.engine.config import EngineConfig
 from flotilla_server.engine.cpu_quota import usable_cpus
 from flotilla_server.engine.messages import EngineOptions
-from flotilla_server.model.config import ModelConfig
+from flotilla_server.model.source import source_config
 from flotilla_server.model_cache.engines import ModelEngine
 from flotilla_server.model_cache.footprint import DTYPE_BYTES, kv_block_bytes, model_bytes, parameter_count
-from flotilla_server.model_cache.threads import engine_threads
+from flotilla_server.model_cache.threads import engine_threads, small_step_threads, threads_for_engines
 
 # A load's CPU weight against a resident engine's: nice 10 is 110 against 1024 (Linux CFS), so a core that
 # both want goes ~90% to the resident model, and an idle core still goes wholly to the load.
 LOAD_NICE = 10
 LOAD_THREADS = 1
-
-
-def source_config(source: str) -> ModelConfig:
-    """The model's config, read without loading weights ('tiny' or a Hugging Face directory)."""
-    if source == "tiny":
-        from flotilla_server.model.tiny import TINY_CONFIG
-
-        return TINY_CONFIG
-    path = Path(source) / "config.json"
-    try:
-        return ModelConfig.from_hf(json.loads(path.read_text()))
-    except OSError as e:
-        raise ValueError(f"cannot read {path}: {e.strerror}; give a Hugging Face model directory or 'tiny'") from None
 
 
 class EngineProcesses:
@@ -59,8 +45,9 @@ class EngineProcesses:
         self.config = config
         self.mode = mode
         self.options = options or EngineOptions()
-        # the threads left to engines: OMP_NUM_THREADS (the CLI's default leaves a core to the event loop)
-        self.cpu_threads = cpu_threads or int(os.environ.get("OMP_NUM_THREADS") or usable_cpus())
+        # the threads left to engines: OMP_NUM_THREADS (the CLI's default leaves a core to the event loop),
+        # within the usable CPUs (the cgroup's quota)
+        self.cpu_threads = cpu_threads or threads_for_engines(os.environ.get("OMP_NUM_THREADS"), usable_cpus())
 
     def start(self) -> None:
         """Start the forkserver (process mode): it imports torch now, in the background, not in the first load."""
@@ -73,6 +60,8 @@ class EngineProcesses:
         """Nothing shared to stop: each unload stopped its engine."""
 
     def footprint_bytes(self, source: str) -> int:
+        """Weights (from the config the loader would read: config.json, or a GGUF's metadata) plus the fixed
+        KV pool; ValueError, saying what to pass, for a source the loader would refuse before its weights."""
         c = self.config
         return model_bytes(source_config(source), c.dtype, c.block_size, c.num_kv_blocks,
                            c.kv_cache_memory_bytes or 0)
@@ -82,10 +71,11 @@ class EngineProcesses:
         from flotilla_server.engine.factory import make_engine
 
         model_config = source_config(source)  # ValueError on an unusable source, before a process starts
-        config = replace(self.config, model=source)
+        share = engine_threads(self.cpu_threads, models_at_once)
+        config = replace(self.config, model=source,
+                         small_step_threads=small_step_threads(share, self.config.small_step_threads))
         if self.mode == "process":
-            options = replace(self.options, load_nice=LOAD_NICE, load_threads=LOAD_THREADS,
-                              num_threads=engine_threads(self.cpu_threads, models_at_once))
+            options = replace(self.options, load_nice=LOAD_NICE, load_threads=LOAD_THREADS, num_threads=share)
             engine = make_engine(config, "process", options, start_method="forkserver")
         else:
             engine = make_engine(config, "inprocess", self.options)

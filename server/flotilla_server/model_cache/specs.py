@@ -2,44 +2,33 @@
 
 A pool's membership arrives as a mounted ConfigMap file, which the kubelet rewrites in place when a member
 joins or leaves, so the file is re-read whenever it changes and adding a member restarts nothing
-(docs/serving.md, "Multi-model mode"). Parsing is pure; `ModelListFile` only reads and compares stamps.
+(docs/serving.md, "Multi-model mode"). Parsing is pure and strict (flotilla_contract.model_list, the grammar
+the operator writes); `ModelListFile` only reads and compares stamps.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 
-# A served name is what clients send as `model`: no spaces, no '=', nothing a URL or a label would mangle.
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+from flotilla_contract.model_list import parse_entry, parse_model_list
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     name: str  # what clients send as `model`
-    source: str  # a Hugging Face directory, or "tiny"
+    source: str  # 'tiny', a Hugging Face directory or a .gguf file
 
 
 def parse_spec(text: str, where: str = "--model") -> ModelSpec:
-    """`NAME=SOURCE` → ModelSpec; raises ValueError saying what to write instead."""
-    name, sep, source = text.strip().partition("=")
-    name, source = name.strip(), source.strip()
-    if not sep or not source:
-        raise ValueError(f"{where}: {text!r} is not NAME=SOURCE; write e.g. tiny=tiny or llama=/models/llama")
-    if not _NAME.match(name):
-        raise ValueError(f"{where}: model name {name!r} must start with a letter or digit and hold only "
-                         "letters, digits and . _ : / - (at most 128)")
-    return ModelSpec(name, source)
+    """A `--model NAME=SOURCE` flag → ModelSpec (SOURCE may be relative, as in single-model mode); raises
+    ValueError saying what to write instead."""
+    return ModelSpec(*parse_entry(text, where, relative_ok=True))
 
 
 def parse_list(text: str, where: str) -> tuple[ModelSpec, ...]:
-    """One NAME=SOURCE per line; blank lines and lines starting with '#' are skipped."""
-    specs = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if line.strip() and not line.lstrip().startswith("#"):
-            specs.append(parse_spec(line, f"{where} line {number}"))
-    return merge(specs)
+    """A model list file, strictly (flotilla_contract.model_list): a bad line refuses the whole file."""
+    return merge([ModelSpec(name, source) for name, source in parse_model_list(text, where)])
 
 
 def merge(*groups: list[ModelSpec] | tuple[ModelSpec, ...]) -> tuple[ModelSpec, ...]:
@@ -63,12 +52,12 @@ class ModelListFile:
 
     def read_if_changed(self) -> tuple[ModelSpec, ...] | None:
         """The file's specs if it changed since the last call (always on the first), else None.
-        Raises OSError or ValueError when it cannot be read or parsed."""
+        Raises OSError or ValueError when it cannot be read or parsed; a version refused once is not read
+        again until it changes."""
         st = os.stat(self.path)  # follows the ConfigMap's ..data symlink, so a swapped directory shows
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         if stamp == self._stamp:
             return None
-        with open(self.path, encoding="utf-8") as fh:
-            specs = parse_list(fh.read(), self.path)
         self._stamp = stamp
-        return specs
+        with open(self.path, encoding="utf-8") as fh:
+            return parse_list(fh.read(), self.path)

@@ -1,6 +1,7 @@
 """KV pool sizing (engine/pool_sizing.py, engine/memory_facts.py): on CPU the default pool stays within its
-share of the container's memory less the weights, and within every slot at the context limit; on a GPU it
-takes the share less weights, one profiled step and what others hold; the flags override in order; and
+share of the container's memory less the weights, within every slot at the context limit and, with no memory
+limit, within a quarter of MemAvailable and 1 GiB, so two servers on one host take at most half of it; on a
+GPU it takes the share less weights, one profiled step and what others hold; the flags override in order; and
 every refusal names the flag to change. The memory facts are read from cgroup and /proc/meminfo files."""
 
 from __future__ import annotations
@@ -9,7 +10,15 @@ from pathlib import Path
 
 import pytest
 from flotilla_server.engine import memory_facts
-from flotilla_server.engine.pool_sizing import GIB, MemoryFacts, PoolPlan, plan_pool
+from flotilla_server.engine.pool_sizing import (
+    GIB,
+    SHARE_SOURCE,
+    SHARED_HOST_SOURCE,
+    SLOTS_SOURCE,
+    MemoryFacts,
+    PoolPlan,
+    plan_pool,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -24,15 +33,62 @@ def plan(facts: MemoryFacts, *, util: float = 0.9, seqs: int = 64, requested: in
                      bytes_per_block=per_block, facts=facts)
 
 
-def cpu(capacity_gib: float, weights_gib: float) -> MemoryFacts:
-    return MemoryFacts(on_gpu=False, capacity_bytes=int(capacity_gib * GIB), weights_bytes=int(weights_gib * GIB))
+def cpu(capacity_gib: float, weights_gib: float, *, limited: bool = True) -> MemoryFacts:
+    """A CPU engine's facts: by default in a container whose memory limit binds."""
+    return MemoryFacts(on_gpu=False, capacity_bytes=int(capacity_gib * GIB), weights_bytes=int(weights_gib * GIB),
+                       capacity_is_limit=limited)
 
 
-def test_a_cpu_pod_with_an_8_gi_limit_takes_its_share_less_the_weights_not_the_node() -> None:
-    p = plan(cpu(8, 1))
-    assert p.num_blocks == int(0.9 * 8 * GIB - GIB) // MIB  # 6,348 blocks of 1 MiB, not 64 × 8,192 tokens
-    assert p.num_blocks * MIB <= 0.9 * 8 * GIB - GIB
-    assert (p.max_model_len, p.source) == (8192, "--gpu-memory-utilization")
+# (case, facts, --max-num-seqs, the pool in 1 MiB blocks, the bound that sized it); context 8,192 tokens, so
+# 64 slots at the context limit are 64 × 512 blocks
+DEFAULT_POOLS = [
+    ("a pod's 8 Gi limit: its share less the weights", cpu(8, 1), 64, int(0.9 * 8 * GIB - GIB) // MIB, SHARE_SOURCE),
+    ("a big limit: every slot at the context", cpu(512, 1), 64, 64 * 512, SLOTS_SOURCE),
+    ("no limit, 2 GiB available: a quarter of it", cpu(2, 0.5, limited=False), 64, 512, SHARED_HOST_SOURCE),
+    ("no limit, 8 GiB available: 1 GiB", cpu(8, 1, limited=False), 64, 1024, SHARED_HOST_SOURCE),
+    ("no limit, a big box: still 1 GiB", cpu(512, 1, limited=False), 64, 1024, SHARED_HOST_SOURCE),
+    ("no limit, weights leave less than a quarter", cpu(2, 1.5, limited=False), 64, int(0.9 * 2 * GIB - 1.5 * GIB) // MIB,
+     SHARE_SOURCE),
+    ("no limit, few slots bind first", cpu(24, 1, limited=False), 1, 512, SLOTS_SOURCE),
+]
+
+
+@pytest.mark.parametrize(("facts", "seqs", "blocks", "source"), [c[1:] for c in DEFAULT_POOLS],
+                         ids=[c[0] for c in DEFAULT_POOLS])
+def test_the_default_cpu_pool_is_the_least_of_its_bounds(facts, seqs, blocks, source) -> None:
+    assert plan(facts, seqs=seqs) == PoolPlan(blocks, min(8192, blocks * BLOCK), source)
+
+
+def test_with_no_limit_the_flags_still_take_more_than_a_quarter() -> None:
+    shared = cpu(24, 1, limited=False)
+    assert plan(shared, memory=12 * GIB) == PoolPlan(12 * 1024, 8192, "--kv-cache-memory")
+    assert plan(shared, util=0.05).source == SHARE_SOURCE  # --gpu-memory-utilization only lowers it
+    with pytest.raises(ValueError, match="lower --kv-cache-memory"):
+        plan(shared, memory=25 * GIB)  # still never more than what is available
+
+
+def test_a_tiny_host_with_no_limit_is_refused_naming_the_quarter_and_the_flag() -> None:
+    with pytest.raises(ValueError, match=r"with no memory limit, at most 25% of MemAvailable.*--kv-cache-memory"):
+        plan(cpu(2 * MIB / GIB, 0, limited=False), per_block=MIB)
+
+
+@given(available=st.integers(1 * GIB, 1024 * GIB), second_sees=st.floats(0.0, 1.0),
+       weights_share=st.floats(0.0, 0.85), util=st.floats(0.05, 1.0), seqs=st.integers(1, 256),
+       per_block=st.integers(1024, 64 * MIB))
+def test_with_no_limit_two_servers_pools_take_at_most_half_of_what_was_available(
+        available, second_sees, weights_share, util, seqs, per_block) -> None:
+    """Started at once, both read the same MemAvailable; started one after the other, the second reads less."""
+    pools = []
+    for seen in (available, max(1, int(second_sees * available))):
+        facts = MemoryFacts(on_gpu=False, capacity_bytes=seen, weights_bytes=int(weights_share * util * seen))
+        try:
+            p = plan(facts, util=util, seqs=seqs, per_block=per_block, context=4096)
+        except ValueError as refused:
+            assert "--kv-cache-memory" in str(refused)
+            continue
+        assert p.num_blocks * per_block <= min(seen / 4, GIB)
+        pools.append(p.num_blocks * per_block)
+    assert sum(pools) <= available / 2
 
 
 def test_on_cpu_the_pool_never_exceeds_every_slot_at_the_context_limit() -> None:
@@ -45,15 +101,17 @@ def test_on_a_gpu_the_share_less_weights_one_step_and_others_is_taken_whole() ->
     facts = MemoryFacts(on_gpu=True, capacity_bytes=80 * GIB, weights_bytes=2 * GIB,
                         activation_bytes=3 * GIB, others_bytes=GIB)
     p = plan(facts, seqs=4, requested=1000)
-    assert p.num_blocks == int(0.9 * 80 * GIB - 6 * GIB) // MIB  # no slot cap: the GPU is the engine's
+    assert p.num_blocks == int(0.9 * 80 * GIB - 6 * GIB) // MIB  # no slot cap, no quarter: the GPU is the engine's
     assert p.max_model_len == 1000
 
 
 @given(capacity=st.integers(1 * GIB, 1024 * GIB), weights_share=st.floats(0.0, 0.85),
-       util=st.floats(0.05, 1.0), seqs=st.integers(1, 256), per_block=st.integers(1024, 64 * MIB))
+       util=st.floats(0.05, 1.0), seqs=st.integers(1, 256), per_block=st.integers(1024, 64 * MIB),
+       limited=st.booleans())
 def test_the_default_cpu_pool_stays_within_its_share_and_its_slots(capacity, weights_share, util, seqs,
-                                                                   per_block) -> None:
-    facts = MemoryFacts(on_gpu=False, capacity_bytes=capacity, weights_bytes=int(weights_share * util * capacity))
+                                                                   per_block, limited) -> None:
+    facts = MemoryFacts(on_gpu=False, capacity_bytes=capacity, weights_bytes=int(weights_share * util * capacity),
+                        capacity_is_limit=limited)
     try:
         p = plan(facts, util=util, seqs=seqs, per_block=per_block, context=4096)
     except ValueError as refused:
@@ -127,11 +185,12 @@ def test_mem_available_is_read_in_bytes_and_its_absence_names_the_flag(tmp_path:
         memory_facts.mem_available_bytes(meminfo)
 
 
-def test_the_host_capacity_is_the_lower_of_the_limit_and_what_is_available(monkeypatch) -> None:
+@pytest.mark.parametrize(("limit", "capacity"), [
+    (8 * GIB, (8 * GIB, True)),  # the container's own memory
+    (64 * GIB, (20 * GIB, False)),  # a limit above what is free does not bind: the host's memory, shared
+    (None, (20 * GIB, False)),
+])
+def test_the_host_capacity_is_the_lower_of_the_limit_and_what_is_available(monkeypatch, limit, capacity) -> None:
     monkeypatch.setattr(memory_facts, "mem_available_bytes", lambda: 20 * GIB)
-    monkeypatch.setattr(memory_facts, "cgroup_limit_bytes", lambda: 8 * GIB)
-    assert memory_facts.host_capacity_bytes() == 8 * GIB
-    monkeypatch.setattr(memory_facts, "cgroup_limit_bytes", lambda: 64 * GIB)  # a limit above what is free
-    assert memory_facts.host_capacity_bytes() == 20 * GIB
-    monkeypatch.setattr(memory_facts, "cgroup_limit_bytes", lambda: None)
-    assert memory_facts.host_capacity_bytes() == 20 * GIB
+    monkeypatch.setattr(memory_facts, "cgroup_limit_bytes", lambda: limit)
+    assert memory_facts.host_capacity() == capacity

@@ -112,12 +112,16 @@ def test_the_runner_keeps_exact_tokens_and_restores_the_threads_own_count(hf_mod
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        off = run_to_completion(make_engine(loaded, small_step_threads=0), requests)
+        engine_off, threads_off, threads_on = make_engine(loaded, small_step_threads=0), [], []
+        engine_off.add_step_listener(lambda record: threads_off.append(record.num_threads))
+        off = run_to_completion(engine_off, requests)
         engine = make_engine(loaded, small_step_threads=2)
+        engine.add_step_listener(lambda record: threads_on.append(record.num_threads))
         on = run_to_completion(engine, requests)
         assert torch.get_num_threads() == 1
         measured = engine.runner._threads.mean_s(2)  # the two-row decode steps ran on both counts
         assert set(measured) == {1, 2}
+        assert set(threads_off) == {1} and set(threads_on) == {1, 2}  # each step's record says its count
     finally:
         torch.set_num_threads(before)
     assert {r: v["token_ids"] for r, v in on.items()} == {r: v["token_ids"] for r, v in off.items()}

@@ -47,15 +47,19 @@ class ServerProcess:
 @contextlib.contextmanager
 def run_server(*args: str, tmp_path: Path, startup_timeout_s: float = 120.0,
                env: dict[str, str] | None = None, model_args: tuple[str, ...] = ("--model", "tiny"),
-               ) -> Iterator[ServerProcess]:
-    """`model_args` replace `--model tiny` (multi-model servers name their models)."""
+               cpus: set[int] | None = None) -> Iterator[ServerProcess]:
+    """`model_args` replace `--model tiny` (multi-model servers name their models). `cpus`: the only cores
+    the server and its engines may run on (its usable CPUs); it then derives OMP_NUM_THREADS from them."""
     port = free_port()
     log_path = tmp_path / f"server-{port}.log"
     cmd = [sys.executable, "-m", "flotilla_server.cli", *model_args, "--host", "127.0.0.1",
            "--port", str(port), *args]
+    full_env = {**os.environ, **(env or {})}
+    if cpus is not None:
+        full_env.pop("OMP_NUM_THREADS", None)
     with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
-                                env={**os.environ, **(env or {})})
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=full_env,
+                                preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
     server = ServerProcess(proc, f"http://127.0.0.1:{port}", log_path)
     try:
         deadline = time.monotonic() + startup_timeout_s

@@ -6,6 +6,7 @@ import pytest
 from flotilla_contract.load import ServerLoad
 from flotilla_server.engine.outputs import EngineStats
 from flotilla_server.http.load_report import pool_load, server_load
+from flotilla_server.model_cache.membership import ListStatus, Skipped
 from flotilla_server.model_cache.status import ModelStatus
 
 
@@ -53,3 +54,15 @@ def test_a_pool_with_nothing_loaded_is_ready_with_an_empty_kv():
     load = pool_load(accepting=True, models=[(status("a", "available"), None, 0)], queue_capacity=32,
                      budget_bytes=100, used_bytes=0)
     assert (load.ready, load.slots, load.kv_usage, load.memory_free_bytes) == (True, 0, 0.0, 100)
+
+
+def test_a_pool_reports_its_list_files_refusals():
+    listing = ListStatus("/etc/flotilla/pool/models", 2, "line 3: 'x' follows source '/m/b'",
+                         (Skipped("ghost", "/m/ghost.gguf", "GGUF file /m/ghost.gguf not found"),))
+    load = pool_load(accepting=True, models=[(status("a", "available"), None, 0)], queue_capacity=32,
+                     budget_bytes=100, used_bytes=0, model_list=listing)
+    assert (load.model_list.reload_failures, load.model_list.last_error) == (2, listing.last_error)
+    assert [(s.name, s.source, s.error) for s in load.model_list.skipped] == [
+        ("ghost", "/m/ghost.gguf", "GGUF file /m/ghost.gguf not found")]
+    assert ServerLoad.model_validate_json(load.model_dump_json()) == load
+    assert pool_load(accepting=True, models=[], queue_capacity=32, budget_bytes=100, used_bytes=0).model_list is None

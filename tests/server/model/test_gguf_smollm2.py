@@ -54,7 +54,7 @@ def smollm2(tmp_path_factory):
                 server_cm.__exit__(None, None, None)
             raise
     try:
-        from flotilla_server.model.gguf_loader import GGUFModel
+        from flotilla_server.model.gguf_file import GGUFModel
 
         yield server, reference, tokenizer_from_gguf(GGUFModel(path)), path
     finally:

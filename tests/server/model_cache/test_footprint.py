@@ -1,5 +1,6 @@
-"""A model's memory is known before loading it: the config's parameter count equals the loaded model's, and
-a loaded model's engine process holds the KV pool the footprint predicted and ends with its unload."""
+"""A model's memory is known before loading it: the config's parameter count equals the loaded model's (a
+GGUF's, read from its metadata, too), a loaded model's engine process holds the KV pool the footprint
+predicted and ends with its unload, and a source the loader would refuse is refused before any load."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import pytest
 from flotilla_server.engine.config import EngineConfig
 from flotilla_server.model import load_model
 from flotilla_server.model_cache.engine_processes import EngineProcesses
-from flotilla_server.model_cache.footprint import parameter_count
+from flotilla_server.model_cache.footprint import kv_block_bytes, parameter_count
 
+from tests.server.model.gguf_files import T, write_llama_gguf
 from tests.support.hf_models import make_hf_model_dir
 
 
@@ -53,5 +55,36 @@ def _running(pid: int) -> bool:
 
 def test_an_unreadable_source_says_what_to_give(tmp_path):
     engines = EngineProcesses(EngineConfig(kv_cache_memory_bytes=2**20))
-    with pytest.raises(ValueError, match="give a Hugging Face model directory or 'tiny'"):
+    with pytest.raises(ValueError, match=r"is neither 'tiny', a directory nor a \.gguf file: pass"):
         engines.footprint_bytes(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"config\.json not found"):
+        engines.footprint_bytes(str(tmp_path / "empty"))
+
+
+@pytest.mark.parametrize("tensor_type", [T.F32, T.Q4_1], ids=lambda t: t.name)
+def test_a_gguf_is_sized_from_its_metadata_as_the_loaded_model_holds_it(tmp_path, tensor_type):
+    """Dequantized at load: a Q4_1 file costs its parameters in --dtype, whatever its size on disk."""
+    path = write_llama_gguf(tmp_path / "m.gguf", tensor_type)
+    engines = EngineProcesses(EngineConfig(kv_cache_memory_bytes=2**20, dtype="float32"))
+    loaded = load_model(str(path), "float32", "cpu")
+    weights = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    kv = 2**20 // kv_block_bytes(loaded.config, 16, "float32") * kv_block_bytes(loaded.config, 16, "float32")
+    assert engines.footprint_bytes(str(path)) == weights + kv
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda d: d / "absent.gguf", "GGUF file .*absent.gguf not found"),
+    (lambda d: write_llama_gguf(d / "m.gguf", T.Q5_0), "type Q5_0, which Flotilla does not dequantize"),
+    (lambda d: write_llama_gguf(d / "m.gguf", tokenizer_model="llama"), "tokenizer model 'llama' is not supported"),
+    (lambda d: _write(d / "m.gguf", b"GGUF\x03\x00"), "is not a GGUF file Flotilla can read"),
+    (lambda d: _write(d / "m.gguf", b"not a gguf"), "is not a GGUF file .no GGUF magic."),
+], ids=["missing", "tensor-type", "tokenizer", "cut-short", "not-gguf"])
+def test_a_gguf_the_loader_would_refuse_is_refused_before_loading_with_its_message(tmp_path, make, message):
+    with pytest.raises(ValueError, match=message):
+        EngineProcesses(EngineConfig(kv_cache_memory_bytes=2**20)).footprint_bytes(str(make(tmp_path)))
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path

@@ -4,6 +4,7 @@ multi-model mode."""
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 from flotilla_server.cli import model_specs, parse_settings
@@ -22,18 +23,48 @@ def test_parse_spec(text, spec):
 @pytest.mark.parametrize(("text", "message"), [
     ("tiny", "is not NAME=SOURCE"),
     ("a=", "is not NAME=SOURCE"),
-    ("=tiny", "must start with a letter or digit"),
+    ("=tiny", "is not NAME=SOURCE"),
     ("two words=tiny", "must start with a letter or digit"),
+    ("a=/m/a dtype=bfloat16", "'dtype=bfloat16' follows source '/m/a': an entry has two fields"),
 ])
 def test_parse_spec_says_what_to_write(text, message):
     with pytest.raises(ValueError, match=message):
         parse_spec(text)
 
 
+def test_a_flag_takes_a_relative_path_as_single_model_mode_does():
+    assert parse_spec("a=models/a") == ModelSpec("a", "models/a")
+
+
 def test_list_skips_comments_and_blank_lines_and_names_the_bad_line():
     assert parse_list("# pool\n\na=tiny\n  b=/m/b\n", "f") == (ModelSpec("a", "tiny"), ModelSpec("b", "/m/b"))
     with pytest.raises(ValueError, match="f line 2"):
         parse_list("a=tiny\noops\n", "f")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    # an unknown field: anything after SOURCE on its line is refused, never ignored
+    ("a=/m/a extra\n", "line 1: 'extra' follows source '/m/a'"),
+    ("a=tiny # the demo\n", "line 1: '# the demo' follows source 'tiny'"),
+    # a wrong type: SOURCE is 'tiny' or an absolute path, and nothing else
+    ("a=tiny\nb=Tiny\n", "line 2: source 'Tiny' is neither 'tiny' nor an absolute path"),
+    ("a=models/a\n", "source 'models/a' is neither 'tiny' nor an absolute path"),
+    ("a=hf://org/model\n", "source 'hf://org/model' is neither"),
+    ("a=/m/\x07a\n", "holds a control character"),
+    # an empty entry, or a missing field: nothing is implied
+    ("=\n", "line 1: '=' is not NAME=SOURCE"),
+    ("a=\n", "'a=' is not NAME=SOURCE"),
+    ("=/m/a\n", "'=/m/a' is not NAME=SOURCE"),
+    ("tiny\n", "'tiny' is not NAME=SOURCE"),  # never read as tiny=tiny
+    ("a=tiny\na=/m/a\n", "'a' is given twice"),
+])
+def test_the_list_file_is_parsed_strictly_and_refused_whole(text, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_list(text, "models")
+
+
+def test_an_empty_list_file_lists_no_model_not_a_default_one():
+    assert parse_list("", "f") == () and parse_list("# no members yet\n\n", "f") == ()
 
 
 def test_a_name_given_twice_must_name_one_source():

@@ -5,7 +5,12 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from flotilla_server.model_cache.threads import engine_threads, most_resident
+from flotilla_server.model_cache.threads import (
+    engine_threads,
+    most_resident,
+    small_step_threads,
+    threads_for_engines,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -52,3 +57,38 @@ def test_engines_never_oversubscribe_unless_one_thread_each(cpu_threads, models)
     each = engine_threads(cpu_threads, models)
     assert each >= 1
     assert each * models <= cpu_threads or each == 1
+
+
+@pytest.mark.parametrize(
+    ("omp_num_threads", "usable", "expected"),
+    [
+        ("1", 2, 1),  # the CLI's default on 2 usable CPUs: one left to the event loop
+        (None, 4, 4),  # unset (a caller other than the CLI): the usable CPUs
+        ("64", 4, 4),  # a pod with a quota of 4 CPUs on a 64-core node: never past the quota
+        ("", 3, 3),
+    ],
+)
+def test_threads_for_engines_table(omp_num_threads, usable, expected):
+    assert threads_for_engines(omp_num_threads, usable) == expected
+
+
+@pytest.mark.parametrize(
+    ("share", "flag", "expected"),
+    [
+        (1, None, 1),  # the default (every usable CPU) is capped at the share
+        (5, None, 5),
+        (5, 16, 5),  # asked for more: the share
+        (5, 2, 2),  # asked for fewer: fewer
+        (5, 0, 0),  # off stays off
+    ],
+)
+def test_small_steps_never_borrow_past_the_share(share, flag, expected):
+    assert small_step_threads(share, flag) == expected
+
+
+@given(cpu_threads=st.integers(1, 256), models=st.integers(1, 64), flag=st.none() | st.integers(0, 512))
+def test_engines_small_steps_included_never_oversubscribe_unless_one_thread_each(cpu_threads, models, flag):
+    each = engine_threads(cpu_threads, models)
+    widest = max(each, small_step_threads(each, flag))  # a step runs on its own count or its small-step count
+    assert widest == each
+    assert widest * models <= cpu_threads or widest == 1

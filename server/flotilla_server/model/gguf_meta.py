@@ -1,0 +1,94 @@
+"""Everything a `.gguf` file holds but its weights, read and checked in a tenth of a second, torch-free.
+
+The loader (gguf_loader.py) reads a GGUF in two parts: this one (the file, its architecture and tensor
+types, the config and the tokenizer from its metadata), then the weights, dequantized with torch. A
+multi-model server runs only this part before a load, to size the model in its memory budget and to refuse
+a file it could never load (model/source.py), without importing torch into its HTTP process. Only the
+tensor types listed in SUPPORTED_TYPES are read; any other is refused by name rather than trusted to a
+dequantizer nobody here has checked.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from gguf import GGMLQuantizationType
+
+from .config import ModelConfig, UnsupportedModelError
+from .gguf_file import GGUFModel
+from .gguf_tokenizer import tokenizer_from_gguf
+from .tokenizer import Tokenizer
+
+T = GGMLQuantizationType
+SUPPORTED_TYPES = frozenset({T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K})
+SUPPORTED_ARCHITECTURES = ("llama",)
+# file-name suffixes that name a quantization, not the model (SmolLM2-135M-Instruct.Q4_1.gguf)
+_QUANT_SUFFIX = re.compile(r"[.-](f32|f16|bf16|q\d\w*|iq\d\w*)$", re.IGNORECASE)
+
+
+def is_gguf(model: str) -> bool:
+    return model.lower().endswith(".gguf")
+
+
+def read_gguf(path: Path) -> tuple[GGUFModel, ModelConfig, Tokenizer]:
+    """(file, config, tokenizer). Raises FileNotFoundError, or a ValueError (UnsupportedModelError,
+    GGUFFormatError) naming what cannot be read: the format, the architecture, a tensor type, the tokenizer
+    or its pre-tokenizer."""
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file {path} not found: pass --model with the path of a .gguf file")
+    gg = GGUFModel(path)
+    if gg.architecture not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"GGUF architecture {gg.architecture!r} is not supported: Flotilla loads GGUF files of "
+            f"architecture {', '.join(SUPPORTED_ARCHITECTURES)}; use a Hugging Face directory instead"
+        )
+    _check_tensor_types(gg)
+    return gg, gguf_config(gg), tokenizer_from_gguf(gg)
+
+
+def served_name(path: Path) -> str:
+    """The file's name without `.gguf` and its quantization suffix, lowercased:
+    SmolLM2-135M-Instruct.Q4_1.gguf -> smollm2-135m-instruct."""
+    return _QUANT_SUFFIX.sub("", path.name.removesuffix(".gguf")).lower()
+
+
+def gguf_config(gg: GGUFModel) -> ModelConfig:
+    """Maps `llama.*` metadata to ModelConfig; refuses RoPE variants the runtime does not run."""
+    scaling = gg.arch_field("rope.scaling.type", "none")
+    if scaling != "none" or any(t.name == "rope_freqs.weight" for t in gg.tensors):
+        raise UnsupportedModelError(
+            f"{gg.path.name}: RoPE scaling ({scaling!r}, or a rope_freqs tensor) is not supported for GGUF "
+            "files: use the model's Hugging Face directory instead"
+        )
+    tokens = gg.field("tokenizer.ggml.tokens") or []
+    hidden = int(gg.arch_field("embedding_length"))
+    num_heads = int(gg.arch_field("attention.head_count"))
+    eos = gg.field("tokenizer.ggml.eos_token_id")
+    bos = gg.field("tokenizer.ggml.bos_token_id")
+    return ModelConfig(
+        model_type="llama",
+        vocab_size=int(gg.arch_field("vocab_size", len(tokens))),
+        hidden_size=hidden,
+        intermediate_size=int(gg.arch_field("feed_forward_length")),
+        num_layers=int(gg.arch_field("block_count")),
+        num_heads=num_heads,
+        num_kv_heads=int(gg.arch_field("attention.head_count_kv", num_heads)),
+        head_dim=int(gg.arch_field("attention.key_length", hidden // num_heads)),
+        max_position_embeddings=int(gg.arch_field("context_length", 2048)),
+        rms_norm_eps=float(gg.arch_field("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(gg.arch_field("rope.freq_base", 10000.0)),
+        tie_word_embeddings=not any(t.name == "output.weight" for t in gg.tensors),
+        bos_token_id=None if bos is None else int(bos),
+        eos_token_ids=() if eos is None else (int(eos),),
+    )
+
+
+def _check_tensor_types(gg: GGUFModel) -> None:
+    unsupported = sorted({t.type_name for t in gg.tensors if t.type_id not in SUPPORTED_TYPES})
+    if unsupported:
+        raise UnsupportedModelError(
+            f"{gg.path.name} holds tensors of type {', '.join(unsupported)}, which Flotilla does not "
+            f"dequantize; supported: {', '.join(sorted(t.name for t in SUPPORTED_TYPES))}. "
+            "Use a file of one of these quantizations"
+        )

@@ -1,0 +1,65 @@
+"""What a model SOURCE names, read without its weights: `tiny`, a Hugging Face directory or a `.gguf` file.
+
+Why one place: a single-model server loads a source (loader.py), and a multi-model server must size each
+of its models before loading it and refuse, before serving, a source it could never load
+(model_cache/engine_processes.py). Both must accept exactly the same sources, with the same errors, or a
+source that serves alone fails in a pool (a GGUF once did: its size was looked for in a `config.json`).
+Torch-free: the multi-model server's HTTP process reads every source it lists.
+
+Rules:
+- `tiny` is the embedded demonstration model; a name ending in `.gguf` is a GGUF file (gguf_meta.py reads
+  all of it but the weights: the format, architecture, tensor types, config and tokenizer); anything else is
+  a directory holding `config.json`;
+- every failure is a ValueError (a missing path included) whose message says what to pass instead.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from .config import ModelConfig
+from .gguf_meta import is_gguf, read_gguf
+
+TINY_NAME = "tiny"
+
+
+def neither_message(source: str) -> str:
+    return (f"model {source!r} is neither 'tiny', a directory nor a .gguf file: pass --model tiny, the path "
+            "of a Hugging Face model directory (config.json, *.safetensors, tokenizer.json) or of a .gguf file")
+
+
+def hf_config(path: Path) -> ModelConfig:
+    """A Hugging Face directory's config; FileNotFoundError or ValueError (UnsupportedModelError) saying what
+    to change."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise FileNotFoundError(f"{config_file} not found: a Hugging Face model directory needs config.json")
+    with config_file.open() as f:
+        return ModelConfig.from_hf(json.load(f))
+
+
+def source_config(source: str) -> ModelConfig:
+    """The config of the model `source` names, after every check that needs no weights; ValueError saying
+    what to pass instead."""
+    if source == TINY_NAME:
+        from .tiny import TINY_CONFIG  # torch: only where tiny is served
+
+        return TINY_CONFIG
+    path = Path(source)
+    try:
+        if is_gguf(source):
+            return read_gguf(path)[1]
+        if not path.is_dir():
+            raise FileNotFoundError(neither_message(source))
+        return hf_config(path)
+    except FileNotFoundError as e:
+        raise ValueError(str(e)) from None
+    except OSError as e:  # unreadable: permissions, a broken mount
+        raise ValueError(f"cannot read {source}: {e.strerror or e}; check the path and its permissions") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path / 'config.json'} is not JSON ({e}); restore the model's config.json") from None
+    except (KeyError, TypeError, IndexError, struct.error) as e:  # a GGUF cut short, or missing a field
+        raise ValueError(f"{source} is not a GGUF file Flotilla can read ({type(e).__name__}: {e}); "
+                         "download the file again or pass another") from None
