@@ -1,6 +1,6 @@
 """Pod failures reach `kubectl get im`: the real operator against the emulator, pods set as the kubelet would.
 
-For each failure the test creates a pod of the model (the Deployment's template labels), writes its
+For each failure (all six at once, a model each) the test creates a pod of the model (the Deployment's template labels), writes its
 status through the status subresource, and expects the Degraded condition with that reason, the
 printer columns showing it, one Warning Event, and the condition cleared once the pod recovers.
 """
@@ -73,31 +73,41 @@ def degraded(k8s, name: str) -> dict[str, Any] | None:
     return None
 
 
-@pytest.mark.parametrize("reason", list(FAILURES))
-def test_a_failing_pod_shows_in_status_columns_and_one_event(cluster, reason):
+def test_each_failing_pod_shows_in_status_columns_and_one_event(cluster):
+    """All six failures at once, one model each: one operator, one wait for two drift ticks."""
     k8s = cluster
-    name = f"pf-{reason.lower()}"
-    k8s.create({"apiVersion": IM[0], "kind": "InferenceModel", "metadata": {"name": name, "namespace": "default"},
-                "spec": {"model": {"name": name, "source": {"builtin": "tiny"}}}})
-    deployment = k8s.eventually(lambda: k8s.get("apps/v1", "deployments", name, "default"), WAIT_S)
-    template = deployment["spec"]["template"]
-    pod_name = f"{name}-7d9f-x1"
-    k8s.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name, "namespace": "default",
-                "labels": template["metadata"]["labels"]}, "spec": template["spec"]})
-    k8s.patch("v1", "pods", pod_name, "default", {"status": {"phase": "Pending", **FAILURES[reason]}}, subresource="status")
+    pods = {}
+    for reason in FAILURES:
+        name = f"pf-{reason.lower()}"
+        k8s.create({"apiVersion": IM[0], "kind": "InferenceModel", "metadata": {"name": name, "namespace": "default"},
+                    "spec": {"model": {"name": name, "source": {"builtin": "tiny"}}}})
+        pods[reason] = (name, f"{name}-7d9f-x1")
+    for reason, (name, pod_name) in pods.items():
+        deployment = k8s.eventually(lambda name=name: k8s.get("apps/v1", "deployments", name, "default"), WAIT_S)
+        template = deployment["spec"]["template"]
+        k8s.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod_name, "namespace": "default",
+                    "labels": template["metadata"]["labels"]}, "spec": template["spec"]})
+        k8s.patch("v1", "pods", pod_name, "default", {"status": {"phase": "Pending", **FAILURES[reason]}},
+                  subresource="status")
 
-    condition = k8s.eventually(lambda: degraded(k8s, name), WAIT_S, message=f"Degraded/{reason}")
-    assert condition["reason"] == reason and condition["message"].startswith(f"1/1 pods: {reason} ({pod_name})")
-    shown = columns(k8s.get(*IM, name, "default"))
-    assert shown["Phase"] == "Degraded" and shown["Message"].startswith(f"1/1 pods: {reason}"), shown
-    time.sleep(5)  # two drift ticks and more pod events: still one Event
-    k8s.patch("v1", "pods", pod_name, "default", {"metadata": {"labels": {"touched": "yes"}}})
+    for reason, (name, pod_name) in pods.items():
+        condition = k8s.eventually(lambda name=name: degraded(k8s, name), WAIT_S, message=f"Degraded/{reason}")
+        assert condition["reason"] == reason, (reason, condition)
+        assert condition["message"].startswith(f"1/1 pods: {reason} ({pod_name})"), condition
+        shown = columns(k8s.get(*IM, name, "default"))
+        assert shown["Phase"] == "Degraded" and shown["Message"].startswith(f"1/1 pods: {reason}"), shown
+    time.sleep(5)  # two drift ticks and more pod events: still one Event each
+    for _, pod_name in pods.values():
+        k8s.patch("v1", "pods", pod_name, "default", {"metadata": {"labels": {"touched": "yes"}}})
     time.sleep(1)
-    events = [e for e in k8s.list("v1", "events", "default")
-              if e["involvedObject"]["name"] == name and e["reason"] == reason]
-    assert len(events) == 1 and events[0]["type"] == "Warning", events
+    events = k8s.list("v1", "events", "default")
+    for reason, (name, _) in pods.items():
+        mine = [e for e in events if e["involvedObject"]["name"] == name and e["reason"] == reason]
+        assert len(mine) == 1 and mine[0]["type"] == "Warning", (reason, mine)
 
-    k8s.patch("v1", "pods", pod_name, "default", {"status": HEALTHY}, subresource="status")
-    k8s.eventually(lambda: degraded(k8s, name) is None, WAIT_S, message="Degraded cleared")
-    assert not columns(k8s.get(*IM, name, "default"))["Message"].startswith("1/1 pods")
-    k8s.delete(*IM, name, "default")
+    for _, pod_name in pods.values():
+        k8s.patch("v1", "pods", pod_name, "default", {"status": HEALTHY}, subresource="status")
+    for reason, (name, _) in pods.items():
+        k8s.eventually(lambda name=name: degraded(k8s, name) is None, WAIT_S, message=f"Degraded/{reason} cleared")
+        assert not columns(k8s.get(*IM, name, "default"))["Message"].startswith("1/1 pods")
+        k8s.delete(*IM, name, "default")

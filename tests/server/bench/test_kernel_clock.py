@@ -58,6 +58,7 @@ def test_a_late_answer_is_timed_late() -> None:
     assert all(0.2 <= a.latency_s < 1.0 for a in answers), [a.latency_s for a in answers]
 
 
+@pytest.mark.serial  # a 0.3 s bound on answers a local server sends at once: a busy machine delays the sending
 def test_an_answer_read_late_is_timed_when_it_arrived(monkeypatch: pytest.MonkeyPatch) -> None:
     original = socket.socket.recvmsg
 

@@ -94,14 +94,14 @@ def test_overload(overload_server):
     assert NUM_REQUESTS - SLOTS - SLOTS * DEPTH_PER_SLOT <= len(full) <= NUM_REQUESTS - SLOTS - SLOTS * DEPTH_PER_SLOT + 8
     for r in full + timed_out:
         assert r.status == 429 and r.headers["retry-after"] == str(QUEUE_TIMEOUT_S)
-    # 429 at once, measured from the request's bytes being written. On a quiet machine every one comes within
-    # ~60 ms (each waits behind the ~36 requests that pass the door in the same burst). This machine is shared
-    # (load 3-8 on 2 cores while others benchmark), so the 100 ms holds for the median and the tail
-    # gets a margin; a server that queued or parsed the excess would take seconds here, not hundreds of ms.
+    # 429 at once, measured from the request's bytes being written: the door answers from the headers
+    # (http/door_protocol.py), ~20 ms a refusal (docs/benchmarks.md, "Engine modes"). Measured 2026-12-04 on a
+    # quiet 2-core machine: median 8-11 ms, slowest 40-46 ms. A server that queued or parsed the excess would take
+    # seconds here; 100 ms for the median and the p95 leaves room for a loaded machine.
     full_s = sorted(r.status_after_s for r in full)
-    # measured 2026-12-04 on a quiet 2-core machine: median 8-11 ms, slowest 40-46 ms (the door answers from the
-    # headers, http/door_protocol.py); the bounds leave room for a loaded machine
-    assert full_s[len(full_s) // 2] < 0.2, f"median queue-full 429 after {full_s[len(full_s) // 2] * 1000:.0f} ms"
+    median_s, p95_s = full_s[len(full_s) // 2], full_s[int(0.95 * (len(full_s) - 1))]
+    assert median_s < 0.1, f"median queue-full 429 after {median_s * 1000:.0f} ms"
+    assert p95_s < 0.1, f"p95 queue-full 429 after {p95_s * 1000:.0f} ms"
     assert full_s[-1] < 0.5, f"the slowest queue-full 429 took {full_s[-1] * 1000:.0f} ms"
     assert timed_out, "with 32 queued and ~4 admitted per generation time, some must wait past the timeout"
     for r in timed_out:

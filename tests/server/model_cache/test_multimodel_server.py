@@ -277,30 +277,36 @@ def engine_thread_nices(server: ServerProcess) -> list[int]:
 
 
 def test_five_load_unload_cycles_do_not_grow_rss(pool):
-    """Each round loads and evicts every model once; RSS after round 5 is within 10% of one model of round 1.
+    """Each round loads and evicts every model once; RSS grows by less than 5% of one model a round.
 
     Two rounds come first, unmeasured: after the first, each request finds its model evicted one round
     before; the second lets the allocator settle (a clean-clone CI run grew 5 MiB from its first measured
-    round to its second and not at all after: [1379, 1384, 1385, 1385, 1385] MiB). A leak grows every round."""
+    round to its second and not at all after: [1379, 1384, 1385, 1385, 1385] MiB). A leak grows every round,
+    so the bound is on the least-squares slope over six rounds, not on two readings: single readings wander
+    by +-3 MiB (2026-12-05: [1389, 1384, 1385, 1390, 1388], and a first-to-last growth of 5.7 MiB failed the
+    old 10%-of-a-model bound of 4.1 MiB once in two runs). Over six rounds that noise moves the slope by
+    about 0.5 MiB a round; a leak of 5% of the model (2 MiB) a round is caught."""
     order = ("tiny", "small", "big")
     for _ in range(2):
         for name in order:
             ask(pool, name, max_tokens=2)
     rss = []
-    for _ in range(5):
+    for _ in range(6):
         before = evictions(pool)
         for name in order:
             ask(pool, name, max_tokens=2)
         assert evictions(pool) - before == 3
         rss.append(rss_bytes(pool))
     growth = rss[-1] - rss[0]
+    slope_per_round = statistics.linear_regression(range(len(rss)), rss).slope
     ask(pool, "tiny", max_tokens=2)
     ask(pool, "small", max_tokens=2)  # evicts big: tiny and small are resident
     freed = rss[-1] - rss_bytes(pool)  # reported: on CPU the allocator keeps freed pages for the next load
     big = pool.footprints["big"]
     print(f"\nRSS after each round (MiB): {[round(r / 2**20) for r in rss]}; growth {growth / 2**20:.1f} MiB, "
-          f"one model (big) {big / 2**20:.0f} MiB; evicting big for tiny freed {freed / 2**20:.0f} MiB")
-    assert growth < 0.1 * big
+          f"slope {slope_per_round / 2**20:.2f} MiB a round, one model (big) {big / 2**20:.0f} MiB; evicting big for "
+          f"tiny freed {freed / 2**20:.0f} MiB")
+    assert slope_per_round < 0.05 * big, f"RSS grows {slope_per_round / 2**20:.1f} MiB a round: {rss}"
 
 
 def test_a_client_that_leaves_while_its_model_loads_gives_up_its_claim(pool):
@@ -382,7 +388,7 @@ def test_a_killed_engine_fails_its_requests_and_its_model_is_loaded_again(pool):
     text = httpx.get(f"{pool.base_url}/metrics", timeout=10).text
     deaths = {s.labels["model"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
               if s.name == "flotilla_model_engine_deaths_total"}
-    assert deaths["tiny"] == 1 and deaths["big"] == 0
+    assert deaths["tiny"] == 1 and deaths.get("big", 0) == 0  # big has a series once it has loaded
     assert "model tiny: its engine stopped" in pool.log()
     ask(pool, "tiny")  # loaded again, in a new process
     assert int(re.findall(r"model tiny loaded in .* engine process (\d+)", pool.log())[-1]) != engine
