@@ -61,7 +61,7 @@ lint: setup
 # Both passes always run; the target fails if either did.
 test: setup tools lint model
 	@export PATH="$(CURDIR)/.tools/bin:$$PATH"; \
-	  $(VENV)/bin/pytest -n 3 --dist loadgroup --no-loadscope-reorder -m "not serial"; first=$$?; \
+	  $(VENV)/bin/pytest -n 3 --dist loadfile --no-loadscope-reorder -m "not serial"; first=$$?; \
 	  $(VENV)/bin/pytest -m serial; second=$$?; \
 	  [ $$first -eq 0 ] && [ $$second -eq 0 ]
 
