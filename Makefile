@@ -55,13 +55,13 @@ lint: setup
 	PYTHONPATH="$(CURDIR)/contract:$(CURDIR)/server:$(CURDIR)/operator:$(CURDIR)/gateway:$(CURDIR)/sim$${PYTHONPATH:+:$$PYTHONPATH}" \
 	  $(VENV)/bin/lint-imports .importlinter .importlinter-cycles
 
-# Two passes. The concurrent one: the tests free of latency bounds on three pytest-xdist workers, one file a
+# Two passes. The concurrent one: the tests free of latency bounds on four pytest-xdist workers, one file a
 # unit (a module's server starts once), and e2e/ one unit on a worker of its own from the start, since its whole
 # loops mostly wait (conftest.py). Then the `serial` ones (latency and rate bounds, deadlines after kills) alone.
 # Both passes always run; the target fails if either did.
 test: setup tools lint model
 	@export PATH="$(CURDIR)/.tools/bin:$$PATH"; \
-	  $(VENV)/bin/pytest -n 3 --dist loadfile --no-loadscope-reorder -m "not serial"; first=$$?; \
+	  $(VENV)/bin/pytest -n 4 --dist loadfile --no-loadscope-reorder -m "not serial"; first=$$?; \
 	  $(VENV)/bin/pytest -m serial; second=$$?; \
 	  [ $$first -eq 0 ] && [ $$second -eq 0 ]
 
