@@ -15,9 +15,8 @@ SMOLLM2 := $(MODEL_CACHE)/SmolLM2-135M-Instruct.Q4_1.gguf
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	# constraints.txt pins torch==2.13.0 (the CPU build on disk) and every other version. --no-compile: Python
-	# compiles each module the first time it is imported, not all of torch's at install (45 s -> 20 s here).
-	$(VENV)/bin/pip install -q --no-compile -c constraints.txt -e '.[dev]'
+	# constraints.txt pins torch==2.13.0 (the CPU build on disk) and every other version.
+	$(VENV)/bin/pip install -q -c constraints.txt -e '.[dev]'
 	touch $@
 
 # the native CPU kernels (model/kernels/, scripts/build_kernels.py): built with g++ against the venv's torch;
