@@ -15,10 +15,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 
 from flotilla_contract.flags import FLAGS_BY_NAME, MULTI_MODEL_REFUSED_FLAGS, SERVER_FLAGS, Flag, env_var
+from flotilla_contract.one_line_parser import OneLineParser
 from flotilla_contract.sizes import parse_bytes
 
 from flotilla_server.cli_errors import (
-    OneLineParser,
     check_device,
     check_listen,
     given_on_command_line,

@@ -13,16 +13,8 @@ import argparse
 import re
 import socket
 from collections.abc import Mapping, Sequence
-from typing import NoReturn
 
 from flotilla_contract.flags import SERVER_FLAGS
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line (no usage block), exit 2, and point at --help."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def given_on_command_line(argv: Sequence[str] | None) -> set[str]:

@@ -17,22 +17,13 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import NoReturn
 
 import numpy as np
+from flotilla_contract.one_line_parser import OneLineParser
 
 from flotilla_sim import experiment, policies, report, request_level, workload
 from flotilla_sim.errors import InputError
 from flotilla_sim.server_model import ServerProfile, fit_bench, roofline
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """Errors as one line (no usage block), exit 2, pointing at --help: flotilla-server's format. Not imported
-    from flotilla_server.cli_errors, which imports torch (.importlinter forbids it here)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
 
 # --- argument types: the parser refuses a value out of range before anything runs -----------------------
 
