@@ -82,11 +82,12 @@ test: setup tools lint model
 # The pool benchmark (e2e/pool_bench) runs the whole loop (emulated API, operator, Prometheus, servers, gateway):
 # a shared pool against dedicated replicas on one Azure trace window, about 10 minutes.
 BENCH_OUT := bench-results
-bench: setup tools
+bench: setup tools model
 	$(VENV)/bin/flotilla-bench offline --json $(BENCH_OUT)/offline.json --plot $(BENCH_OUT)/offline.png
 	$(PY) -m flotilla_gateway.bench.overhead --json $(BENCH_OUT)/gateway_overhead.json
 	$(VENV)/bin/flotilla-bench prefix --json $(BENCH_OUT)/prefix.json --plot $(BENCH_OUT)/prefix.png
 	$(VENV)/bin/flotilla-bench priorities --json $(BENCH_OUT)/priorities.json --plot $(BENCH_OUT)/priorities.png
+	$(VENV)/bin/flotilla-bench structured --model $(SMOLLM2) --json $(BENCH_OUT)/structured.json --plot $(BENCH_OUT)/structured.png
 	$(PY) -m flotilla_gateway.bench.prefix_routing --json $(BENCH_OUT)/prefix_routing.json --plot $(BENCH_OUT)/prefix_routing.png
 	PYTHONPATH="$(CURDIR)/contract:$(CURDIR)/server:$(CURDIR)/operator:$(CURDIR)/gateway:$(CURDIR)/sim:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" \
 	  $(PY) -m e2e.pool_bench --json $(BENCH_OUT)/pool.json --plot $(BENCH_OUT)/pool.png
@@ -98,6 +99,7 @@ bench-docs:
 	@test ! -f $(BENCH_OUT)/gateway_overhead.json || cp $(BENCH_OUT)/gateway_overhead.json docs/bench/
 	@test ! -f $(BENCH_OUT)/prefix.json || cp $(BENCH_OUT)/prefix.json $(BENCH_OUT)/prefix.png docs/bench/
 	@test ! -f $(BENCH_OUT)/priorities.json || cp $(BENCH_OUT)/priorities.json $(BENCH_OUT)/priorities.png docs/bench/
+	@test ! -f $(BENCH_OUT)/structured.json || cp $(BENCH_OUT)/structured.json $(BENCH_OUT)/structured.png docs/bench/
 	@test ! -f $(BENCH_OUT)/prefix_routing.json || cp $(BENCH_OUT)/prefix_routing.json $(BENCH_OUT)/prefix_routing.png docs/bench/
 	@test ! -f $(BENCH_OUT)/pool.json || cp $(BENCH_OUT)/pool.json $(BENCH_OUT)/pool.png docs/bench/
 

@@ -36,6 +36,10 @@ ENGINE_MODES = ("process", "inprocess")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 PREFIX_CACHING = ("on", "off")
 CUDA_GRAPHS = ("auto", "on", "off")
+# structured output (docs/serving.md, "Structured output")
+DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S = 5.0
+DEFAULT_MAX_GRAMMAR_COMPILES = 2
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json")
 
 Kind = Literal["str", "int", "float", "bytes"]
 
@@ -151,6 +155,15 @@ SERVER_FLAGS: tuple[Flag, ...] = (
          "HTTP processes sharing the port (SO_REUSEPORT), each with its own pipe to the one engine process and "
          "its share of the queue; more split a burst's refusals and the streams' encoding across cores. One "
          "model, --engine-mode process."),
+    Flag("--grammar-compile-timeout-s", "grammar_compile_timeout_s", "float", DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S,
+         "Longest a JSON schema or tool grammar may take to compile, seconds; past it the compile's process is "
+         "killed and the request gets a 400 naming this limit, and that grammar is refused at once from then on."),
+    Flag("--max-grammar-compiles", "max_grammar_compiles", "int", DEFAULT_MAX_GRAMMAR_COMPILES,
+         "Grammar compiles running at once (one process each, niced below the engine); more wait their turn."),
+    Flag("--tool-call-parser", "tool_call_parser", "str", "auto",
+         f"How tool calls are read from a reply: {', '.join(TOOL_CALL_PARSERS)}. auto: from the chat template "
+         "(<tool_call> tags: hermes; <|python_tag|>: llama3_json); a template without tools gets a system prompt "
+         "that asks for hermes tags."),
     Flag("--log-level", "log_level", "str", "info", f"{', '.join(LOG_LEVELS)}."),
     Flag("--api-key", "api_key", "str", None,
          "Require 'Authorization: Bearer <key>' on the OpenAI endpoints (/v1/...), else 401; probes, /metrics "

@@ -23,6 +23,9 @@ COMMANDS = {
               "where a decode step's time goes (schedule, inputs, forward parts, sampling, detokenization) "
               "at batch 1, 8 and 64"),
     "modes": ("flotilla_server.bench.engine_modes", "the engine in its own process against on a thread, over HTTP"),
+    "structured": ("flotilla_server.bench.structured",
+                   "JSON-schema streams against unconstrained ones (tokens/s), the token mask's share of a step at "
+                   "batch 1, 16 and 64, and 200 constrained requests checked for validity"),
     "priorities": ("flotilla_server.bench.priorities",
                    "request classes and tenant caps under load: interactive chat beside a batch flood, batch "
                    "throughput and weighted share, one tenant flooding beside another"),

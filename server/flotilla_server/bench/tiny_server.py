@@ -31,11 +31,11 @@ class TinyServer:
 
 
 @contextlib.contextmanager
-def tiny_server(*flags: str) -> Iterator[TinyServer]:
-    """Serves tiny on a free port with `flags` until the block ends; StartFailed names the server's last
-    line on stderr when it exits or is not ready within START_TIMEOUT_S."""
+def tiny_server(*flags: str, model: str = "tiny") -> Iterator[TinyServer]:
+    """Serves `model` (tiny unless named) on a free port with `flags` until the block ends; StartFailed names
+    the server's last line on stderr when it exits or is not ready within START_TIMEOUT_S."""
     port = free_port()
-    cmd = [sys.executable, "-m", "flotilla_server.cli", "--model", "tiny", "--host", "127.0.0.1", "--port", str(port),
+    cmd = [sys.executable, "-m", "flotilla_server.cli", "--model", model, "--host", "127.0.0.1", "--port", str(port),
            "--log-level", "warning", *flags]
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)

@@ -20,6 +20,7 @@ from flotilla_server.engine.config import EngineConfig
 from flotilla_server.engine.decode_graphs import CudaGraphBackend, DecodeGraphs, EagerBackend
 from flotilla_server.engine.decode_timer import CONTEXT_TOKENS, DecodeStepTimer
 from flotilla_server.engine.detokenizer import IncrementalDetokenizer
+from flotilla_server.engine.grammar_book import GrammarBook
 from flotilla_server.engine.graph_shapes import DEFAULT_GATHER_BUDGET_TOKENS, GraphShapes
 from flotilla_server.engine.kv_pool import BlockPool
 from flotilla_server.engine.memory_facts import host_capacity, profile_step_bytes, weights_bytes
@@ -33,6 +34,7 @@ from flotilla_server.engine.sequence import Sequence as Seq
 from flotilla_server.engine.sequence import new_request
 from flotilla_server.engine.step_threads import default_small_step_threads
 from flotilla_server.engine.thread_count import describe, measure_count
+from flotilla_server.grammar.tokenizer_info import GrammarTokenizer
 from flotilla_server.model import KVCacheTensors, LoadedModel, load_model
 from flotilla_server.model.loader import torch_dtype
 
@@ -97,6 +99,7 @@ class EngineCore:
             graphs = DecodeGraphs(self.loaded.model, kv, shapes, num_blocks - 1, backend, graph_gather)
         self.runner = ModelRunner(self.loaded.model, kv, config.device, config.seed, small_step_threads, graphs)
         self._detokenizers: dict[str, dict[int, IncrementalDetokenizer]] = {}  # request id -> choice -> its own
+        self._grammars: GrammarBook | None = None  # made by the first grammar
         self._listeners: list[StepListener] = []
         self._last_step_s = 0.0
         self.last_record: StepRecord | None = None
@@ -128,6 +131,27 @@ class EngineCore:
         log.info("%s", describe(rows, step_s, kept))
         return step_s
 
+    # --- grammars (structured output) ------------------------------------------------------------
+
+    @property
+    def grammars(self) -> GrammarBook:
+        if self._grammars is None:
+            tokenizer = self.loaded.tokenizer
+            vocab = max(self.loaded.config.vocab_size, tokenizer.vocab_size)
+            self._grammars = GrammarBook(GrammarTokenizer(tokenizer.to_json(), vocab, tuple(sorted(self.eos_token_ids))))
+            self.runner.grammar_vocab_size = vocab
+        return self._grammars
+
+    def grammar_ready(self, params: SamplingParams) -> bool:
+        """True if the request needs no grammar or its grammar is built; else its build is started."""
+        return params.grammar is None or self.grammars.ready(params.grammar)
+
+    def close(self) -> None:
+        """Stop the grammar and mask threads (the engine's end)."""
+        if self._grammars is not None:
+            self._grammars.close()
+        self.runner.close()
+
     # --- requests -------------------------------------------------------------------------------
 
     def check_feasible(self, num_prompt_tokens: int, max_tokens: int, n: int = 1) -> str | None:
@@ -141,7 +165,11 @@ class EngineCore:
             reason = self.check_feasible(len(prompt), params.max_tokens, params.n)
             if reason is not None:
                 raise ValueError(reason)
-        return new_request(request_id, prompts, params)
+        leaders = new_request(request_id, prompts, params)
+        if params.grammar is not None:  # each choice its own state, before the scheduler holds any of them;
+            for s in (s for leader in leaders for s in (leader, *leader.forks)):  # add_request waits for a build
+                s.matcher = self.grammars.new_matcher(params.grammar)
+        return leaders
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
                     extra_prompts: Sequence[Sequence[int]] = ()) -> None:
@@ -223,6 +251,9 @@ class EngineCore:
             update_s=updated - executed,
             detokenize_s=end - updated,
             num_threads=result.num_threads,
+            num_constrained_rows=result.num_constrained,
+            grammar_mask_s=result.mask_s,
+            grammar_mask_wait_s=result.mask_wait_s,
         )
         self._last_step_s = record.duration_s
         self.last_record = record
@@ -234,9 +265,17 @@ class EngineCore:
         token = seq.output_token_ids[-1]
         detok = self._detokenizers[seq.request_id][seq.index]
         text = ""
-        if not (seq.is_finished and seq.finish_reason == "stop"):  # an EOS token has no text
+        ended_by_eos = seq.is_finished and seq.finish_reason == "stop"
+        if seq.matcher is not None and not ended_by_eos and not seq.matcher.consume_token(token):
+            # sampled through its mask, a token is always accepted: a refusal is a bug, never sent as a reply
+            log.error("request %s: the grammar refused token %d: %s", seq.request_id, token, seq.matcher.get_error())
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "abort")
+            seq.finish_reason = "abort"
+        if not ended_by_eos:  # an EOS token has no text
             text = detok.add([token])
-            if detok.stopped and not seq.is_finished:
+            grammar_done = seq.matcher is not None and seq.matcher.is_stopped()  # nothing but EOS may follow
+            if (detok.stopped or grammar_done) and not seq.is_finished:
                 self.scheduler.finish(seq, "stop")
             elif detok.stopped:
                 seq.finish_reason = "stop"  # the stop string came with the last allowed token

@@ -37,6 +37,7 @@ from flotilla_server.model import LoadedModel
 log = logging.getLogger(__name__)
 
 Message = AddRequest | AbortRequest | Shutdown
+GRAMMAR_POLL_S = 0.002  # an idle engine's check on grammars being built
 
 
 class Inbox(Protocol):
@@ -64,6 +65,7 @@ class EngineLoop:
             max_overtakes=max_overtakes,
         ))
         self._waiting: dict[str, _Waiter] = {}
+        self._building: dict[str, AddRequest] = {}  # requests whose grammar is being built, in arrival order
         self._queued_by_class = dict.fromkeys(REQUEST_CLASSES, 0)  # self._waiting, counted as it changes
         self._refused: list[tuple[str, str]] = []
         self._dirty = False  # state changed since the last update (an abort, an arrival)
@@ -91,25 +93,36 @@ class EngineLoop:
             rid = message.request_id
             why = next((w for p in message.prompts
                         if (w := self.core.check_feasible(len(p), message.params.max_tokens, message.params.n))), None)
-            if why is None and rid in self._waiting:
+            if why is None and (rid in self._waiting or rid in self._building):
                 why = f"request id {rid!r} is already in use"
             if why is None and message.params.is_batch:
                 why = self._batch_infeasible(message.params.n)
             if why is not None:
                 self._refused.append((rid, why))
-                return
-            waiter, p = _Waiter(message), message.params
-            self._waiting[rid] = waiter
-            self._queued_by_class[message.params.request_class] += 1
-            self._policy.push(waiter, request_class=p.request_class, tenant=p.tenant, priority=p.priority,
-                              num_slots=p.n)
+            elif self.core.grammar_ready(message.params):
+                self._enqueue(message)
+            else:  # queued once its grammar is built, on the grammar threads: no step waits for it
+                self._building[rid] = message
         elif isinstance(message, AbortRequest):
             waiter = self._waiting.pop(message.request_id, None)
             if waiter is not None:
                 self._queued_by_class[waiter.request.params.request_class] -= 1
                 self._policy.remove(waiter)
-            else:
+            elif self._building.pop(message.request_id, None) is None:
                 self.core.abort(message.request_id)
+
+    def _enqueue(self, message: AddRequest) -> None:
+        waiter, p = _Waiter(message), message.params
+        self._waiting[message.request_id] = waiter
+        self._queued_by_class[p.request_class] += 1
+        self._policy.push(waiter, request_class=p.request_class, tenant=p.tenant, priority=p.priority, num_slots=p.n)
+
+    def _grammars_built(self) -> None:
+        for rid, message in list(self._building.items()):
+            if self.core.grammar_ready(message.params):
+                del self._building[rid]
+                self._enqueue(message)
+                self._dirty = True
 
     def _batch_infeasible(self, n: int) -> str | None:
         slots, reserve = self.core.config.max_num_seqs, self.core.config.interactive_reserve_slots
@@ -136,9 +149,16 @@ class EngineLoop:
         # a waiter with nothing running always fits (a feasible request alone needs no reserve): no busy loop
         return self.core.has_unfinished() or bool(self._waiting)
 
+    def idle_wait_s(self) -> float | None:
+        """How long to wait for a message when there is no work: until one comes, or a short poll while a
+        grammar builds (its request then joins the queue)."""
+        return GRAMMAR_POLL_S if self._building else None
+
     def turn(self, wait_for_message: Callable[[float], bool]) -> EngineUpdate | None:
         """Admit whoever fits, run one step if anything runs; None if nothing changed."""
         scheduler = self.core.scheduler
+        if self._building:
+            self._grammars_built()
         scheduler.readmit()  # preempted sequences first: else constant arrivals would keep them out
         free_slots = scheduler.max_num_seqs - scheduler.num_slots_used
         running_by_tenant = scheduler.requests_by_tenant() if self.options.tenant_fairness else {}
@@ -168,10 +188,11 @@ class EngineLoop:
 def serve_inbox(loop: EngineLoop, inbox: Inbox, send: Callable[[EngineUpdate], None]) -> None:
     """Run until Shutdown or the other side is gone (EOFError from the inbox is the caller's to handle)."""
     while True:
-        if inbox.wait(0 if loop.has_work() else None):
+        if inbox.wait(0 if loop.has_work() else loop.idle_wait_s()):
             while True:
                 message = inbox.get()
                 if isinstance(message, Shutdown):
+                    loop.core.close()
                     return
                 loop.apply(message)
                 if not inbox.wait(0):

@@ -1,6 +1,8 @@
 """The model runner (mechanism): a StepPlan becomes tensors, one forward pass, sampled tokens.
 
-It owns the model, the KV tensors and the per-sequence sampling generators; it makes no decision.
+It owns the model, the KV tensors, the per-sequence sampling generators and the grammar masks' filler
+(engine/grammar_mask.py: constrained rows' masks are filled while the forward pass runs, then added to their
+logits before sampling); it makes no decision.
 A seeded sequence's generator lives from its first sample to `release` (finish or abort, both applied
 between steps), so none outlives its request; choice `index` of a request seeded s draws from seed s + index,
 as vLLM seeds its choices, so the choices differ and each is reproducible. Unseeded requests share one
@@ -18,6 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from flotilla_server.engine.decode_graphs import DecodeGraphs
+from flotilla_server.engine.grammar_mask import MaskFiller
 from flotilla_server.engine.logprobs import token_logprobs
 from flotilla_server.engine.outputs import TokenLogprobs
 from flotilla_server.engine.sampling import make_generator, sample
@@ -35,6 +38,9 @@ class StepResult:
     prepare_s: float = 0.0  # the plan made into input tensors and the attention layout
     sample_s: float = 0.0  # sampling and logprobs
     num_threads: int = 0  # CPU threads the step ran on (engine/step_threads.py); 0 on a GPU
+    num_constrained: int = 0  # rows sampled through a grammar's mask (engine/grammar_mask.py)
+    mask_s: float = 0.0  # the masks' fill, on its thread during the forward pass
+    mask_wait_s: float = 0.0  # what the step waited for the fill after the forward pass
 
 
 class ModelRunner:
@@ -51,6 +57,12 @@ class ModelRunner:
             pack_one_row(model)  # one-row steps split over threads, with the same bits on any count
         self._default_generator = make_generator(secrets.randbits(63) if seed is None else seed, self.device)
         self._generators: dict[tuple[str, int], torch.Generator] = {}  # seeded sequences only, by Sequence.key
+        self.grammar_vocab_size = 0  # the masks' width, set with the engine's first grammar (EngineCore)
+        self._masks: MaskFiller | None = None
+
+    def close(self) -> None:
+        if self._masks is not None:
+            self._masks.close()
 
     def release(self, key: tuple[str, int]) -> None:
         self._generators.pop(key, None)
@@ -116,6 +128,13 @@ class ModelRunner:
             tables.append(seq.block_table)
             if c.sample:
                 sample_rows += [len(input_ids) - 1] * (1 + len(c.forks))
+        seqs = plan.sampled_seqs()
+        constrained = [i for i, s in enumerate(seqs) if s.matcher is not None]
+        masks = None
+        if constrained:  # filled on the filler's thread while the forward pass runs
+            if self._masks is None:
+                self._masks = MaskFiller(self.grammar_vocab_size)
+            masks = self._masks.start([seqs[i].matcher for i in constrained])
         rows_t = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
         graphed = None
         if self.graphs is not None and sample_rows:  # a pure decode step may replay its captured graph
@@ -137,12 +156,21 @@ class ModelRunner:
         if logits is None:
             return StepResult([], forward_s, [], prepare_s)
 
-        seqs = plan.sampled_seqs()
+        mask_s = mask_wait_s = 0.0
+        raw_logits = logits
+        if masks is not None and self._masks is not None:
+            waited = time.perf_counter()
+            bitmask, mask_s = masks.result()
+            mask_wait_s = time.perf_counter() - waited
+            if any(seqs[i].params.logprobs is not None for i in constrained):
+                raw_logits = logits.clone()  # logprobs stay the model's own, as without a grammar
+            self._masks.apply(logits, torch.tensor(constrained, dtype=torch.long, device=self.device), bitmask)
         params = [s.params for s in seqs]
         generators = [self._generator(s.key, s.params.seed) for s in seqs]
         histories = None
         if any(p.has_penalties for p in params):
             histories = [(s.prompt_token_ids, s.output_token_ids) for s in seqs]
         tokens = sample(logits, params, generators, self._default_generator, histories)
-        logprobs = token_logprobs(logits, tokens, [p.logprobs for p in params])
-        return StepResult(tokens, forward_s, logprobs, prepare_s, time.perf_counter() - start - forward_s)
+        logprobs = token_logprobs(raw_logits, tokens, [p.logprobs for p in params])
+        return StepResult(tokens, forward_s, logprobs, prepare_s, time.perf_counter() - start - forward_s,
+                          num_constrained=len(constrained), mask_s=mask_s, mask_wait_s=mask_wait_s)

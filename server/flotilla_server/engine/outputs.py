@@ -58,6 +58,11 @@ class StepRecord:
     update_s: float = 0.0
     detokenize_s: float = 0.0
     num_threads: int = 0  # CPU threads the forward pass ran on (engine/step_threads.py); 0 on a GPU
+    # structured output (engine/grammar_mask.py): the rows sampled through a grammar's mask, the fill's own time
+    # on its thread (beside the forward pass), and what of it the step waited for after the forward pass
+    num_constrained_rows: int = 0
+    grammar_mask_s: float = 0.0
+    grammar_mask_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)

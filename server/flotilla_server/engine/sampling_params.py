@@ -38,6 +38,9 @@ class SamplingParams:
     request_class: str = DEFAULT_REQUEST_CLASS
     tenant: str = NO_TENANT
     priority: int = 0
+    # llguidance grammar text (flotilla_server/grammar): every token is sampled through its mask, and the reply
+    # ends ("stop") when the grammar is complete; None: unconstrained
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

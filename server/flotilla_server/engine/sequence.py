@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from flotilla_server.engine.sampling_params import SamplingParams
 
@@ -37,6 +38,9 @@ class Sequence:
     index: int = 0  # choice index within its request
     forks: list[Sequence] = field(default_factory=list)  # choices that fork from this one's first sample
     fork_of: Sequence | None = None  # set while this choice waits in its leader's `forks`
+    # its grammar's state (an llguidance LLMatcher, engine/grammar_book.py) when params.grammar is set: its own
+    # per choice, advanced by each sampled token, kept across preemption
+    matcher: Any = None
 
     @property
     def key(self) -> tuple[str, int]:

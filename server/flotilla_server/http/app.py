@@ -17,14 +17,14 @@ from flotilla_server.http.state import ServerState
 
 def start_serving(state: ServerState) -> None:
     """On the event loop: hook the engine's listeners (the engine owns the admission queue); then ready."""
-    state.engine.add_step_listener(
-        lambda record: state.metrics.observe_step(record.duration_s, record.num_tokens, record.num_threads))
+    state.engine.add_step_listener(state.metrics.observe_step)
     state.engine.add_abort_listener(state.on_abort)
     state.ready = True
 
 
 async def stop_serving(state: ServerState) -> None:
     state.ready = False
+    await state.grammars.close()  # the compile probes' processes
 
 
 def create_app(state: ServerState, max_body_bytes: int, api_key: str | None = None) -> FastAPI:

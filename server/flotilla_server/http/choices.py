@@ -15,6 +15,7 @@ from flotilla_server.engine.stream import TokenEvent
 from flotilla_server.http import sse
 from flotilla_server.http.job import Job
 from flotilla_server.http.logprob_shapes import CompletionLogprobs, TokenTexts, chat_content
+from flotilla_server.http.tool_calls import collect
 
 
 @dataclass
@@ -76,7 +77,15 @@ class Choices:
             text, reason = "".join(c.parts), c.finish_reason or "abort"
             if self.job.chat:
                 content = chat_content(c.token_ids, c.logprobs, self.texts) if self.texts is not None else None
-                out.append(sse.chat_choice(i, text, reason, content))
+                reader = self.job.tool_reader()
+                if reader is None:
+                    out.append(sse.chat_choice(i, text, reason, content))
+                    continue
+                reader.feed(text)  # the streaming reader over the whole text: a stream reassembles to this
+                reader.finish()
+                parsed = collect(reader.deltas)
+                out.append(sse.chat_choice(i, parsed.content, reader.finish_reason(reason), content,
+                                           parsed.tool_calls))
             else:
                 lp = None
                 if self.texts is not None:

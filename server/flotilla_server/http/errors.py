@@ -60,6 +60,8 @@ def describe_validation_error(errors: list[dict[str, Any]]) -> tuple[str, str | 
         loc = [str(x) for x in e.get("loc", ()) if x != "body"]
         # union members add their type name to the path; it only confuses the reader
         loc = [x for x in loc if not (x.startswith(("str", "list[", "int", "function-")) or x in {"constrained-str"})]
+        # a tagged union adds its tag too (response_format.json_schema.json_schema.schema): said once
+        loc = [x for i, x in enumerate(loc) if i == 0 or x != loc[i - 1]]
         field = ".".join(loc) or "body"
         first_param = first_param or field
         msg = e.get("msg", "invalid value")

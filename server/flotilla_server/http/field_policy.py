@@ -7,7 +7,7 @@ that ignored a field that would have changed it:
 - supported: declared on the pydantic schema (`schemas.py`) and honoured;
 - ignored: accepted with a debug log line, because it changes nothing here (`metadata`, `store`, ...);
 - refused: a 400 naming the feature, because it would change the output and is not built here. A refused
-  field carrying its neutral value (`tools: []`, `best_of: 1`, ...) changes nothing, so it is
+  field carrying its neutral value (`functions: []`, `best_of: 1`, ...) changes nothing, so it is
   accepted like an ignored one: many clients send those defaults on every request.
 
 Our own fields (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `cache_salt`, `priority`,
@@ -30,16 +30,19 @@ SUPPORTED_COMMON = frozenset(
 )
 SUPPORTED = {
     "completions": SUPPORTED_COMMON | {"prompt", "echo"},
-    "chat": SUPPORTED_COMMON | {"messages", "max_completion_tokens", "top_logprobs"},
+    "chat": SUPPORTED_COMMON | {"messages", "max_completion_tokens", "top_logprobs", "response_format", "tools",
+                                "tool_choice", "parallel_tool_calls"},
 }
 # beyond OpenAI's API: vLLM's names, and the request class (docs/serving.md, "Priorities and tenants")
 OURS = frozenset({"top_k", "min_p", "repetition_penalty", "ignore_eos", "cache_salt", "priority", "flotilla_class"})
+# OpenAI fields one endpoint takes beyond the SDK's types for it: vLLM's completions take response_format too
+OURS_BY_ENDPOINT = {"completions": frozenset({"response_format"}), "chat": frozenset()}
 
 # accepted and dropped: routing hints, storage and billing options of OpenAI's own platform
 IGNORED = {
     "completions": frozenset(),
     "chat": frozenset({
-        "metadata", "store", "service_tier", "safety_identifier", "parallel_tool_calls", "prediction",
+        "metadata", "store", "service_tier", "safety_identifier", "prediction",
         "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
     }),
 }
@@ -74,11 +77,9 @@ REFUSED = {
     },
     "chat": {
         **_SHARED_REFUSED,
-        "tools": Refused("tool calling (tools)", _empty),
-        "tool_choice": Refused("tool calling (tool_choice)", _none_or("none", "auto")),
-        "functions": Refused("function calling (functions)", _empty),
-        "function_call": Refused("function calling (function_call)", _none_or("none", "auto")),
-        "response_format": Refused("structured output (response_format)", lambda v: v is None or v == {"type": "text"}),
+        # the legacy forms of tools: send `tools` and `tool_choice` instead (docs/serving.md, "Tool calling")
+        "functions": Refused("legacy function calling (functions; send tools)", _empty),
+        "function_call": Refused("legacy function calling (function_call; send tool_choice)", _none_or("none", "auto")),
         "audio": Refused("audio output (audio)", _none),
         "modalities": Refused("output modalities other than text (modalities)", _none_or(["text"])),
         "reasoning_effort": Refused("reasoning effort (reasoning_effort)", _none),
@@ -99,7 +100,7 @@ class FieldRefused(ValueError):
 
 def apply_policy(endpoint: str, body: Mapping[str, Any]) -> dict[str, Any]:
     """The body without its ignored fields (and neutral refused ones); raises FieldRefused for the rest."""
-    supported = SUPPORTED[endpoint] | OURS
+    supported = SUPPORTED[endpoint] | OURS | OURS_BY_ENDPOINT[endpoint]
     kept: dict[str, Any] = {}
     for name, value in body.items():
         if name in supported:

@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
+from flotilla_server.engine.outputs import StepRecord
 from flotilla_server.http.class_metrics import ClassMetrics
 
 disable_created_metrics()  # `*_created` series double the exposition and no dashboard or alert reads them
@@ -136,6 +137,21 @@ class ServerMetrics:
                                      [names.MODEL_LABEL], buckets=_STEP_TOKEN_BUCKETS, registry=r)
         self.step_threads = Histogram(names.STEP_THREADS, "CPU threads one engine step ran on (CPU engines only).",
                                       [names.MODEL_LABEL], buckets=_STEP_THREAD_BUCKETS, registry=r)
+        # structured output (docs/serving.md, "Structured output")
+        self.constrained_requests = Counter("flotilla_constrained_requests", "Requests whose reply follows a grammar, "
+                                            "by what asked for it.", [names.MODEL_LABEL, "kind"], registry=r)
+        self.grammar_compile = Histogram("flotilla_grammar_compile_seconds", "One grammar compile (its probe), by "
+                                         "outcome: compiled, invalid or timeout.", [names.MODEL_LABEL, "outcome"],
+                                         buckets=_LATENCY_BUCKETS_S, registry=r)
+        self.grammar_lookups = Counter("flotilla_grammar_cache_lookups", "Grammars asked for, by whether their "
+                                       "compile was already known or running (hit) or had to start (miss).",
+                                       [names.MODEL_LABEL, "result"], registry=r)
+        self.grammar_mask = Histogram("flotilla_grammar_mask_seconds", "The token masks' fill in one step with "
+                                      "constrained rows, on its thread beside the forward pass.",
+                                      [names.MODEL_LABEL], buckets=_STEP_BUCKETS_S, registry=r)
+        self.grammar_mask_wait = Histogram("flotilla_grammar_mask_wait_seconds", "What a step with constrained "
+                                           "rows waited for their masks after its forward pass.",
+                                           [names.MODEL_LABEL], buckets=_STEP_BUCKETS_S, registry=r)
         self.classes = ClassMetrics(r, model)
         state = _StateCollector(model, snapshot)
         r.register(state)
@@ -160,9 +176,18 @@ class ServerMetrics:
         assert reason in REJECTION_REASONS, reason
         self.rejections.labels(self.model, reason).inc()
 
-    def observe_step(self, duration_s: float, num_tokens: int, num_threads: int = 0) -> None:
-        """`num_threads`: 0 for a GPU step, which is not counted in flotilla_step_threads."""
-        self.step_duration.labels(self.model).observe(duration_s)
-        self.step_tokens.labels(self.model).observe(num_tokens)
-        if num_threads:
-            self.step_threads.labels(self.model).observe(num_threads)
+    def observe_step(self, record: StepRecord) -> None:
+        """A GPU step (num_threads 0) is not counted in flotilla_step_threads."""
+        self.step_duration.labels(self.model).observe(record.duration_s)
+        self.step_tokens.labels(self.model).observe(record.num_tokens)
+        if record.num_threads:
+            self.step_threads.labels(self.model).observe(record.num_threads)
+        if record.num_constrained_rows:
+            self.grammar_mask.labels(self.model).observe(record.grammar_mask_s)
+            self.grammar_mask_wait.labels(self.model).observe(record.grammar_mask_wait_s)
+
+    def grammar_lookup(self, hit: bool) -> None:
+        self.grammar_lookups.labels(self.model, "hit" if hit else "miss").inc()
+
+    def grammar_compiled(self, outcome: str, seconds: float) -> None:
+        self.grammar_compile.labels(self.model, outcome).observe(seconds)

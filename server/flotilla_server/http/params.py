@@ -75,7 +75,7 @@ def logprobs_wanted(field: str, count: int | None) -> int | None:
 
 def sampling_params(state: ServerState, body: _SamplingFields, num_prompt_tokens: int,
                     max_tokens: int | None, request: Request, chat: bool = False,
-                    logprobs: int | None = None) -> SamplingParams:
+                    logprobs: int | None = None, grammar: str | None = None) -> SamplingParams:
     """`num_prompt_tokens`: of the longest prompt; `logprobs`: from `logprobs_wanted`; `request` gives the
     prefix key, the class and the tenant."""
     num_slots = state.engine.stats().num_slots
@@ -113,6 +113,7 @@ def sampling_params(state: ServerState, body: _SamplingFields, num_prompt_tokens
             request_class=request_class(request, body),
             tenant=tenant(request, body),
             priority=body.priority,
+            grammar=grammar,
         )
     except ValueError as e:
         raise APIError(400, f"{e}: change that field and retry.") from None

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from flotilla_server.engine.client import RequestStream
 from flotilla_server.http import sse
@@ -50,6 +51,8 @@ async def sse_body(state: ServerState, job: Job, stream: RequestStream, outcome:
             return sse.sse_event(sse.chat_chunk(rid, created, model, delta, finish_reason, iu, index, logprobs))
         return sse.sse_event(sse.completion_chunk(rid, created, model, text, finish_reason, iu, index, logprobs))
 
+    readers = {i: r for i in range(job.num_choices) if (r := job.tool_reader()) is not None}  # chat with tools
+
     for index in range(job.num_choices):
         if job.chat:
             yield sse.sse_event(sse.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}, None, iu,
@@ -67,6 +70,16 @@ async def sse_body(state: ServerState, job: Job, stream: RequestStream, outcome:
                 yield sse.DONE
                 return
             choices.on_event(event)
+            reader = readers.get(event.index)
+            if reader is not None:  # the reply read for tool calls: content and call deltas (no logprobs here)
+                deltas = reader.feed(event.text) + (reader.finish() if event.finish_reason is not None else [])
+                for delta in deltas:
+                    yield sse.sse_event(sse.chat_chunk(rid, created, model, delta, None, iu, event.index))
+                if event.finish_reason is None:
+                    if not deltas and event.token_ids:  # one chunk per engine event, even while text is held back
+                        yield delta_chunk(event.index, "")
+                    continue
+                event = replace(event, text="", finish_reason=reader.finish_reason(event.finish_reason))
             logprobs = choices.chunk_logprobs(event)
             if event.finish_reason is not None:
                 if choices.done:  # the request's last event

@@ -24,6 +24,37 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for a schema's and a function's name
+
+
+class JSONSchemaSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: Annotated[str, Field(pattern=FUNCTION_NAME)] = Field(
+        description="The schema's name (OpenAI's: letters, digits, _ and -, at most 64).")
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(alias="schema", description="The JSON Schema every reply is valid under.")
+    strict: bool | None = Field(default=None, description="Accepted; the schema is enforced either way.")
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+
+
+class JSONObjectFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["json_object"]
+
+
+class JSONSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["json_schema"]
+    json_schema: JSONSchemaSpec
+
+
+ResponseFormat = Annotated[TextFormat | JSONObjectFormat | JSONSchemaFormat, Field(discriminator="type")]
+
+
 class _SamplingFields(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -57,6 +88,9 @@ class _SamplingFields(BaseModel):
     priority: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] = Field(
         default=0, description="vLLM's: order within the request's class and tenant; lower is more urgent."
     )
+    response_format: ResponseFormat | None = Field(
+        default=None, description="text, json_object (any JSON object) or json_schema: the reply follows it, token by "
+                                  "token (docs/serving.md, 'Structured output').")
     flotilla_class: Literal["interactive", "batch"] | None = Field(
         default=None, description="interactive (the default) or batch; the X-Flotilla-Class header wins."
     )
@@ -112,16 +146,72 @@ class TextPart(BaseModel):
     text: str
 
 
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    arguments: str = Field(description="The call's arguments as JSON text, as the model wrote them.")
+
+
+class ToolCall(BaseModel):
+    """A call an earlier assistant message made (conversation history)."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: Annotated[str, Field(min_length=1)]
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = Field(default=None, description="assistant: the calls it made.")
+    tool_call_id: str | None = Field(default=None, description="tool: the call this message answers.")
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> ChatMessage:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("tool_calls belongs on an assistant message only")
+        if (self.tool_call_id is not None) != (self.role == "tool"):
+            raise ValueError("a tool message needs tool_call_id (the id of the call it answers), and only a tool "
+                             "message may carry one")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (it may be null only on an assistant message with tool_calls)")
+        return self
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(p.text for p in self.content)
+
+
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: Annotated[str, Field(pattern=FUNCTION_NAME)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(default=None, description="A JSON Schema of type object; none: no "
+                                                                         "arguments are described.")
+    strict: bool | None = Field(default=None, description="Accepted; required and named calls are enforced either way.")
+
+
+class ToolSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -131,6 +221,12 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: Annotated[int, Field(ge=0)] | None = Field(
         default=None, description="With logprobs: also the top_logprobs likeliest tokens at each position (0-20)."
     )
+    tools: list[ToolSpec] | None = Field(default=None, description="Functions the model may call (docs/serving.md, "
+                                                                    "'Tool calling').")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        default=None, description="none: no calls; auto (the default with tools): the model decides; required or a "
+                                  "named function: the reply is a valid call.")
+    parallel_tool_calls: bool | None = Field(default=None, description="Several calls in one reply (default true).")
 
     @model_validator(mode="before")
     @classmethod

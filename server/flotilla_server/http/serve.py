@@ -30,6 +30,7 @@ from flotilla_server.http.door_protocol import door_protocol
 from flotilla_server.http.front_share import FrontShare
 from flotilla_server.http.settings import ServerSettings
 from flotilla_server.http.state import ServedModel, ServerState
+from flotilla_server.http.structured import StructuredSettings
 
 log = logging.getLogger("flotilla.server")
 
@@ -154,6 +155,8 @@ def build_state(settings: ServerSettings, engine: EngineClient, model: ServedMod
     return ServerState(
         engine=engine, tokenizer=model.tokenizer, served_model_name=model.name, max_model_len=model.max_model_len,
         vocab_size=model.vocab_size, model_description=model.description,
+        structured=StructuredSettings.from_flags(settings.grammar_compile_timeout_s, settings.max_grammar_compiles,
+                                                 settings.tool_call_parser),
         admission=AdmissionQueue(
             engine, depth=depth, queue_timeout_s=settings.queue_timeout_s, class_timeouts_s=settings.class_timeouts_s,
             batch_depth=batch_depth, tenant_max_queued=tenant_max,

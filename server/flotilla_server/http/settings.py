@@ -54,6 +54,9 @@ class ServerSettings:
     max_body_bytes: int = f.DEFAULT_MAX_BODY_BYTES
     engine_mode: str = "process"
     http_processes: int = 1
+    grammar_compile_timeout_s: float = f.DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S
+    max_grammar_compiles: int = f.DEFAULT_MAX_GRAMMAR_COMPILES
+    tool_call_parser: str = "auto"
     log_level: str = "info"
     api_key: str | None = field(default=None, repr=False)  # a secret: kept out of logs and tracebacks
 
@@ -84,6 +87,13 @@ class ServerSettings:
             raise ValueError(f"--drain-timeout-s must be >= 0, got {self.drain_timeout_s}")
         if self.served_model_name is not None and not self.served_model_name.strip():
             raise ValueError("--served-model-name is empty: give the name clients send as `model`, or leave it unset")
+        if self.grammar_compile_timeout_s <= 0:
+            raise ValueError(f"--grammar-compile-timeout-s must be > 0, got {self.grammar_compile_timeout_s}")
+        if self.max_grammar_compiles < 1:
+            raise ValueError(f"--max-grammar-compiles must be >= 1, got {self.max_grammar_compiles}")
+        if self.tool_call_parser not in f.TOOL_CALL_PARSERS:
+            raise ValueError(f"--tool-call-parser must be one of {', '.join(f.TOOL_CALL_PARSERS)}, "
+                             f"got {self.tool_call_parser!r}")
         if self.log_level.lower() not in f.LOG_LEVELS:
             raise ValueError(f"--log-level must be one of {', '.join(f.LOG_LEVELS)}, got {self.log_level!r}")
         if self.prefix_caching not in f.PREFIX_CACHING:

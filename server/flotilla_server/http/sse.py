@@ -49,7 +49,7 @@ def completion_chunk(request_id: str, created: int, model: str, text: str, finis
                   completion_choice(index, text, finish_reason, logprobs), include_usage)
 
 
-def chat_chunk(request_id: str, created: int, model: str, delta: dict[str, str], finish_reason: str | None = None,
+def chat_chunk(request_id: str, created: int, model: str, delta: dict[str, Any], finish_reason: str | None = None,
                include_usage: bool = False, index: int = 0,
                logprobs_content: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     return _chunk(request_id, created, model, "chat.completion.chunk",
@@ -63,10 +63,15 @@ def usage_chunk(request_id: str, created: int, model: str, chat: bool, usage_: d
     return {"id": request_id, "object": obj, "created": created, "model": model, "choices": [], "usage": usage_}
 
 
-def chat_choice(index: int, text: str, finish_reason: str,
-                logprobs_content: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    return {"index": index, "message": {"role": "assistant", "content": text},
-            "logprobs": chat_logprobs(logprobs_content), "finish_reason": finish_reason}
+def chat_choice(index: int, text: str | None, finish_reason: str,
+                logprobs_content: list[dict[str, Any]] | None = None,
+                tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`text` is None in a reply that is only tool calls, as OpenAI's content is then."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {"index": index, "message": message, "logprobs": chat_logprobs(logprobs_content),
+            "finish_reason": finish_reason}
 
 
 def response(request_id: str, created: int, model: str, chat: bool, choices: list[dict[str, Any]],

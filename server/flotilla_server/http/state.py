@@ -17,6 +17,7 @@ from flotilla_server.engine.client import EngineClient
 from flotilla_server.http.admission import AdmissionQueue
 from flotilla_server.http.door_traffic import DoorTraffic
 from flotilla_server.http.metrics import ServerMetrics, StateSnapshot
+from flotilla_server.http.structured import Grammars, StructuredSettings
 
 
 class PromptTokenizer(Protocol):
@@ -65,10 +66,13 @@ class ServerState:
     # the gauges and the load report then count the engine's queue, which holds every process's waiters
     front_slots: int | None = None
     shared_queue_capacity: int | None = None
+    structured: StructuredSettings = field(default_factory=StructuredSettings)  # grammars' limits, tool parser
+    grammars: Grammars = field(init=False)  # the compile gate, started by the first grammar (http/structured.py)
     _idle: asyncio.Event | None = None
 
     def __post_init__(self) -> None:
         self.metrics = ServerMetrics(self.served_model_name, self.snapshot)
+        self.grammars = Grammars(self.structured, self.tokenizer, self.vocab_size, self.metrics)  # type: ignore[arg-type]
         slots = self.engine.stats().num_slots if self.front_slots is None else self.front_slots
         self.door_limit = self.admission.depth + slots
 

@@ -33,27 +33,27 @@ def test_every_field_of_the_sdk_request_types_is_classified_exactly_once(endpoin
     unclassified = sdk_fields - classified(endpoint)
     assert not unclassified, f"openai {openai.__version__} sends {sorted(unclassified)}: classify them in field_policy"
     assert not classified(endpoint) - sdk_fields, "the policy names a field the SDK does not have"
-    groups = [fp.SUPPORTED[endpoint], fp.IGNORED[endpoint], set(fp.REFUSED[endpoint]), fp.OURS]
+    groups = [fp.SUPPORTED[endpoint], fp.IGNORED[endpoint], set(fp.REFUSED[endpoint]), fp.OURS,
+              fp.OURS_BY_ENDPOINT[endpoint]]
     assert sum(len(g) for g in groups) == len(set().union(*groups)), "a field has two treatments"
     # the schema declares exactly the supported fields and ours
-    assert set(SCHEMAS[endpoint].model_fields) == set(fp.SUPPORTED[endpoint]) | fp.OURS
+    assert set(SCHEMAS[endpoint].model_fields) == set(fp.SUPPORTED[endpoint]) | fp.OURS | fp.OURS_BY_ENDPOINT[endpoint]
 
 
 # a realistic value for each ignored field, and the neutral value clients send for each refused one
 IGNORED_VALUES = {
     "metadata": {"k": "v"}, "store": False, "service_tier": "auto", "safety_identifier": "abc",
-    "parallel_tool_calls": True, "prediction": {"type": "content", "content": "x"}, "prompt_cache_key": "k",
+    "prediction": {"type": "content", "content": "x"}, "prompt_cache_key": "k",
     "prompt_cache_retention": "in-memory", "prompt_cache_options": None,
 }
 NEUTRAL = {
-    "logit_bias": {}, "best_of": 1, "suffix": None, "tools": [], "tool_choice": "none", "functions": [],
-    "function_call": "none", "response_format": {"type": "text"}, "audio": None, "modalities": ["text"],
+    "logit_bias": {}, "best_of": 1, "suffix": None, "functions": [],
+    "function_call": "none", "audio": None, "modalities": ["text"],
     "reasoning_effort": None, "verbosity": "medium", "web_search_options": None, "moderation": None,
 }
 REFUSING = {
     "logit_bias": {"5": 10}, "best_of": 3, "suffix": "end",
-    "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
-    "functions": [{"name": "f"}], "function_call": {"name": "f"}, "response_format": {"type": "json_object"},
+    "functions": [{"name": "f"}], "function_call": {"name": "f"},
     "audio": {"voice": "alloy", "format": "wav"}, "modalities": ["text", "audio"], "reasoning_effort": "high",
     "verbosity": "low", "web_search_options": {}, "moderation": {"x": 1},
 }

@@ -18,6 +18,7 @@ from flotilla_server.http.params import (
 )
 from flotilla_server.http.schemas import CompletionRequest
 from flotilla_server.http.state import ServerState, State
+from flotilla_server.http.structured import constrain
 
 router = APIRouter(tags=["completions"])
 
@@ -57,7 +58,9 @@ async def create_completion(body: CompletionRequest, request: Request, state: St
         raise APIError(400, "echo with logprobs asks for the prompt's log-probabilities, which this server does not "
                             "compute: drop echo or logprobs.", param="echo", code="unsupported_field")
     prompts, echo_texts = prompts_of(state, body.prompt, body.echo)
-    params = sampling_params(state, body, max(map(len, prompts)), body.max_tokens, request, logprobs=logprobs)
+    grammar = await constrain(state, body)
+    params = sampling_params(state, body, max(map(len, prompts)), body.max_tokens, request, logprobs=logprobs,
+                             grammar=grammar)
     job = Job(chat=False, request_id=f"cmpl-{uuid.uuid4().hex}", prompts=prompts, params=params,
               stream=body.stream, include_usage=include_usage(body), echo_texts=echo_texts)
     return await generate(request, state, job)

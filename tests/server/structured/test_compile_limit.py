@@ -1,0 +1,76 @@
+"""The compile limit over HTTP: a schema whose compile passes it gets a 400 naming the limit (and the server
+serves on), and a slow compile holds back its own request only: an unconstrained request sent while one
+runs gets its first token within 1.5x of the same request's with no compile running."""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+import httpx
+import pytest
+
+from tests.server.http.server_process import ServerProcess, run_server
+from tests.server.model.gguf_reference import smollm2_gguf
+from tests.server.structured.pathological import nested_schema
+
+pytestmark = pytest.mark.serial  # a TTFT ratio: run alone
+
+NAME = "smollm2-135m-instruct"
+
+
+def schema_format(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "deep", "schema": schema}}
+
+
+def test_a_compile_past_the_limit_is_a_400_naming_it_and_the_server_serves_on(tmp_path) -> None:
+    with run_server("--grammar-compile-timeout-s", "0.05", tmp_path=tmp_path) as s:
+        body = {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
+                "response_format": schema_format(nested_schema(8))}
+        r = httpx.post(f"{s.base_url}/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert "--grammar-compile-timeout-s" in error["message"] and error["code"] == "grammar_compile_timeout"
+        ok = httpx.post(f"{s.base_url}/v1/chat/completions", timeout=60,
+                        json={**body, "response_format": {"type": "json_object"}})
+        assert ok.status_code == 200
+        assert s.metric("flotilla_grammar_compile_seconds_count", outcome="timeout") == 1
+
+
+def ttft_s(server: ServerProcess) -> float:
+    body = {"model": NAME, "max_tokens": 2, "stream": True, "temperature": 0,
+            "messages": [{"role": "user", "content": "Summarise the history of the printing press " * 8}]}
+    start = time.perf_counter()
+    with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if '"content":"' in line and '"content":""' not in line:
+                return time.perf_counter() - start
+    raise AssertionError("no token")
+
+
+def test_a_slow_compile_holds_back_its_own_request_and_no_other(tmp_path) -> None:
+    with run_server("--max-model-len", "2048", "--kv-cache-memory", "128Mi", tmp_path=tmp_path,
+                    model_args=("--model", str(smollm2_gguf()))) as s:
+        ttft_s(s)  # warm
+        alone, during, compiles = [], [], []
+        for salt in range(3):  # interleaved rounds; each slow schema is new (no cache hit)
+            alone.append(ttft_s(s))
+            body = {"model": NAME, "max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
+                    "response_format": schema_format(nested_schema(8, salt))}
+
+            def slow(body: dict = body) -> None:
+                start = time.perf_counter()
+                httpx.post(f"{s.base_url}/v1/chat/completions", json=body, timeout=120)
+                compiles.append(time.perf_counter() - start)
+
+            t = threading.Thread(target=slow)
+            t.start()
+            time.sleep(0.1)  # the compile is under way
+            during.append(ttft_s(s))
+            t.join()
+        ratio = statistics.median(during) / statistics.median(alone)
+        report = f"TTFT alone {alone}, during a compile {during}, the slow requests took {compiles}"
+        print(report)
+        assert min(compiles) > max(during), report  # each TTFT fell inside a compile
+        assert ratio <= 1.5, report
