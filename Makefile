@@ -74,7 +74,7 @@ lint: setup
 SERIAL_FILES = $(shell grep -rl --include='*.py' 'mark.serial' tests e2e)
 test: setup tools lint model
 	@export PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY_CACHE); \
-	  $(VENV)/bin/pytest -n 4 --dist loadfile --no-loadscope-reorder -m "not serial"; first=$$?; \
+	  $(VENV)/bin/pytest -n 4 --dist loadfile --no-loadscope-reorder -m "not serial and not soak"; first=$$?; \
 	  $(VENV)/bin/pytest -m serial $(SERIAL_FILES); second=$$?; \
 	  [ $$first -eq 0 ] && [ $$second -eq 0 ]
 
@@ -82,7 +82,9 @@ test: setup tools lint model
 # The pool benchmark (e2e/pool_bench) runs the whole loop (emulated API, operator, Prometheus, servers, gateway):
 # a shared pool against dedicated replicas on one Azure trace window, about 10 minutes.
 BENCH_OUT := bench-results
+# The soaks first: tests of minutes of CPU that make test leaves out (pytest -m soak; docs/testing.md).
 bench: setup tools model
+	$(PY_CACHE) $(VENV)/bin/pytest -m soak -p no:cacheprovider
 	$(VENV)/bin/flotilla-bench offline --json $(BENCH_OUT)/offline.json --plot $(BENCH_OUT)/offline.png
 	$(PY) -m flotilla_gateway.bench.overhead --json $(BENCH_OUT)/gateway_overhead.json
 	$(VENV)/bin/flotilla-bench prefix --json $(BENCH_OUT)/prefix.json --plot $(BENCH_OUT)/prefix.png

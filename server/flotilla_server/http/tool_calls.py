@@ -152,9 +152,11 @@ class HermesParser:
                 out += self._call.progress()
                 return out
             closed = self._call.close()
-            out += closed if closed is not None else []
-            if closed is not None or self._call.started:
+            if closed is None and not self._call.started:  # not a call: the block is content, as written
+                closed = [Content(OPEN + self._call.text + CLOSE)]
+            else:
                 self.num_calls += 1
+            out += closed or []
             self._pending, self._call = self._pending[at + len(CLOSE):], None
 
     def finish(self) -> list[Delta]:
