@@ -63,7 +63,9 @@ def test_random_disconnects_free_everything(server):
                 and m.get(("flotilla_requests_waiting", ()), -1) == 0
                 and m.get(("flotilla_rejections_total", (("reason", "client_gone"),)), 0) - gone_before >= 100)
 
-    assert _wait_for(settled, timeout_s=20), server.metrics()
+    # a hang guard: on a loaded CI machine the last departures are noticed (a failed write, a disconnect) only
+    # after more steps; 20 s once ran out while SmolLM2 tests ran beside this one (make test, 2 cores)
+    assert _wait_for(settled, timeout_s=60), server.metrics()
     assert server.metric("flotilla_rejections_total", reason="client_gone") - gone_before == 100
     m = server.metrics()
     assert not [k for k in m if k[0] == "flotilla_requests_total" and k[1][0][1].startswith("5")], m
