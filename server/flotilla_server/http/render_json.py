@@ -10,9 +10,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from flotilla_server.engine.client import RequestStream, TokenEvent
-from flotilla_server.http import sse
+from flotilla_server.http import reply
 from flotilla_server.http.accounting import Outcome, Timing
-from flotilla_server.http.choices import Choices
 from flotilla_server.http.errors import APIError
 from flotilla_server.http.job import Job
 from flotilla_server.http.refusals import CLIENT_GONE, DRAINING_HEADERS, abort_message
@@ -23,7 +22,7 @@ from flotilla_server.http.stream_response import wait_for_disconnect
 async def json_body(request: Request, state: ServerState, job: Job, stream: RequestStream, outcome: Outcome,
                     arrival_s: float) -> Response:
     timing = Timing(state, arrival_s, job.num_prompt_tokens, job.params)
-    choices = Choices(job, state.tokenizer.decode)
+    choices = reply.Choices(job, state.tokenizer.decode)
     last: TokenEvent | None = None
 
     async def consume() -> None:
@@ -57,5 +56,5 @@ async def json_body(request: Request, state: ServerState, job: Job, stream: Requ
         headers = dict(DRAINING_HEADERS) if code == "draining" else None  # as every draining 503 has
         raise APIError(status, message, code=code, headers=headers, counted=True)
     outcome.finish(200)
-    return JSONResponse(sse.response(job.request_id, int(time.time()), state.served_model_name, job.chat,
+    return JSONResponse(reply.response(job.request_id, int(time.time()), state.served_model_name, job.chat,
                                      choices.rendered(), choices.usage()))

@@ -18,9 +18,8 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from flotilla_server.engine.client import RequestStream
-from flotilla_server.http import sse
+from flotilla_server.http import reply
 from flotilla_server.http.accounting import Outcome, Timing
-from flotilla_server.http.choices import Choices
 from flotilla_server.http.job import Job
 from flotilla_server.http.refusals import CLIENT_GONE, abort_message
 from flotilla_server.http.state import ServerState
@@ -31,31 +30,31 @@ log = logging.getLogger("flotilla.server")
 async def sse_body(state: ServerState, job: Job, stream: RequestStream, outcome: Outcome,
                     arrival_s: float) -> AsyncIterator[bytes]:
     timing = Timing(state, arrival_s, job.num_prompt_tokens, job.params)
-    choices = Choices(job, state.tokenizer.decode)
+    choices = reply.Choices(job, state.tokenizer.decode)
     model, created, rid, iu = state.served_model_name, int(time.time()), job.request_id, job.include_usage
-    encoders: dict[int, sse.DeltaEncoder] = {}  # per choice: its plain text chunks, pre-rendered
+    encoders: dict[int, reply.DeltaEncoder] = {}  # per choice: its plain text chunks, pre-rendered
 
     def delta_chunk(index: int, text: str) -> bytes:
         encode = encoders.get(index)
         if encode is None:
             if job.chat:
-                encode = sse.DeltaEncoder(lambda t: sse.chat_chunk(rid, created, model, {"content": t}, None, iu, index))
+                encode = reply.DeltaEncoder(lambda t: reply.chat_chunk(rid, created, model, {"content": t}, None, iu, index))
             else:
-                encode = sse.DeltaEncoder(lambda t: sse.completion_chunk(rid, created, model, t, None, iu, index))
+                encode = reply.DeltaEncoder(lambda t: reply.completion_chunk(rid, created, model, t, None, iu, index))
             encoders[index] = encode
         return encode(text)
 
     def chunk(index: int, text: str, finish_reason: str | None = None, logprobs: object = None) -> bytes:
         if job.chat:
             delta = {"content": text} if text or finish_reason is None else {}
-            return sse.sse_event(sse.chat_chunk(rid, created, model, delta, finish_reason, iu, index, logprobs))
-        return sse.sse_event(sse.completion_chunk(rid, created, model, text, finish_reason, iu, index, logprobs))
+            return reply.sse_event(reply.chat_chunk(rid, created, model, delta, finish_reason, iu, index, logprobs))
+        return reply.sse_event(reply.completion_chunk(rid, created, model, text, finish_reason, iu, index, logprobs))
 
     readers = {i: r for i in range(job.num_choices) if (r := job.tool_reader()) is not None}  # chat with tools
 
     for index in range(job.num_choices):
         if job.chat:
-            yield sse.sse_event(sse.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}, None, iu,
+            yield reply.sse_event(reply.chat_chunk(rid, created, model, {"role": "assistant", "content": ""}, None, iu,
                                                index))
         elif job.echo(index):
             yield chunk(index, job.echo(index))
@@ -66,15 +65,15 @@ async def sse_body(state: ServerState, job: Job, stream: RequestStream, outcome:
                 outcome.engine_done = True
                 message, code = abort_message(event.abort_reason)
                 outcome.finish({"slow_client": CLIENT_GONE, "draining": 503}.get(code, 500))
-                yield sse.sse_event(sse.error_chunk(message, code))
-                yield sse.DONE
+                yield reply.sse_event(reply.error_chunk(message, code))
+                yield reply.DONE
                 return
             choices.on_event(event)
             reader = readers.get(event.index)
             if reader is not None:  # the reply read for tool calls: content and call deltas (no logprobs here)
                 deltas = reader.feed(event.text) + (reader.finish() if event.finish_reason is not None else [])
                 for delta in deltas:
-                    yield sse.sse_event(sse.chat_chunk(rid, created, model, delta, None, iu, event.index))
+                    yield reply.sse_event(reply.chat_chunk(rid, created, model, delta, None, iu, event.index))
                 if event.finish_reason is None:
                     if not deltas and event.token_ids:  # one chunk per engine event, even while text is held back
                         yield delta_chunk(event.index, "")
@@ -89,8 +88,8 @@ async def sse_body(state: ServerState, job: Job, stream: RequestStream, outcome:
                 if not choices.done:
                     continue
                 if iu:
-                    yield sse.sse_event(sse.usage_chunk(rid, created, model, job.chat, choices.usage()))
-                yield sse.DONE
+                    yield reply.sse_event(reply.usage_chunk(rid, created, model, job.chat, choices.usage()))
+                yield reply.DONE
                 outcome.finish(200)
                 return
             if logprobs is not None:
@@ -99,13 +98,13 @@ async def sse_body(state: ServerState, job: Job, stream: RequestStream, outcome:
                 yield delta_chunk(event.index, event.text)
         outcome.engine_done = True  # the stream ended without a finish event: report, never hang
         outcome.finish(500)
-        yield sse.sse_event(sse.error_chunk("The engine ended the stream without a finish reason.", "engine_error"))
-        yield sse.DONE
+        yield reply.sse_event(reply.error_chunk("The engine ended the stream without a finish reason.", "engine_error"))
+        yield reply.DONE
     except (asyncio.CancelledError, GeneratorExit):
         outcome.finish(CLIENT_GONE, "client_gone")
         raise
     except Exception as e:  # an engine failure after the stream started: error chunk, then [DONE]
         log.exception("request %s failed mid-stream", rid)
         outcome.finish(500)
-        yield sse.sse_event(sse.error_chunk(f"Generation failed: {type(e).__name__}.", "engine_error"))
-        yield sse.DONE
+        yield reply.sse_event(reply.error_chunk(f"Generation failed: {type(e).__name__}.", "engine_error"))
+        yield reply.DONE

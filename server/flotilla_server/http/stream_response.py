@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from flotilla_server.http.sse import SSE_HEADERS
+from flotilla_server.http.reply import SSE_HEADERS
 
 
 async def wait_for_disconnect(request: Request) -> None:

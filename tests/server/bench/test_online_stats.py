@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from flotilla_server.bench.online_stats import RequestRecord, summarize
-from flotilla_server.http.sse import DeltaEncoder, chat_chunk, completion_chunk, sse_event
+from flotilla_server.http.reply import DeltaEncoder, chat_chunk, completion_chunk, sse_event
 from hypothesis import given
 from hypothesis import strategies as st
 
