@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 HERMES, LLAMA3_JSON = "hermes", "llama3_json"
@@ -52,8 +53,8 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def _value_end(text: str, start: int) -> int | None:
-    """The end (exclusive) of the JSON object or array opening at text[start], or None while it is open."""
+def _structure(text: str, start: int = 0) -> Iterator[tuple[int, str, int]]:
+    """(index, character, depth after it) of each character of `text` from `start` outside a JSON string."""
     depth, in_string, escaped = 0, False, False
     for i in range(start, len(text)):
         c = text[i]
@@ -64,15 +65,20 @@ def _value_end(text: str, start: int) -> int | None:
                 escaped = True
             elif c == '"':
                 in_string = False
-        elif c == '"':
+            continue
+        if c == '"':
             in_string = True
-        elif c in "{[":
+            continue
+        if c in "{[":
             depth += 1
         elif c in "}]":
             depth -= 1
-            if depth == 0:
-                return i + 1
-    return None
+        yield i, c, depth
+
+
+def _value_end(text: str, start: int) -> int | None:
+    """The end (exclusive) of the JSON object or array opening at text[start], or None while it is open."""
+    return next((i + 1 for i, c, depth in _structure(text, start) if c in "}]" and depth == 0), None)
 
 
 @dataclass
@@ -207,23 +213,12 @@ class Llama3JsonParser:
 
 def _split_top_level(text: str, sep: str) -> list[str]:
     """`text` split at `sep` outside JSON strings and brackets."""
-    parts, start, depth, in_string, escaped = [], 0, 0, False, False
-    for i, c in enumerate(text):
-        if in_string:
-            escaped = not escaped and c == "\\"
-            if c == '"' and not escaped:
-                in_string = False
-            continue
-        if c == '"':
-            in_string = True
-        elif c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-        elif c == sep and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
+    parts, begin = [], 0
+    for i, c, depth in _structure(text):
+        if c == sep and depth == 0:
+            parts.append(text[begin:i])
+            begin = i + 1
+    parts.append(text[begin:])
     return [p for p in (x.strip() for x in parts) if p]
 
 

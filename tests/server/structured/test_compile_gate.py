@@ -1,6 +1,7 @@
 """The compile gate (grammar/compile_gate.py) with real probe processes on tiny's tokenizer: one compile per
 new grammar however many requests ask at once, an LRU of outcomes, at most N compiles at once, and a compile
-past the limit killed, refused naming the limit, and refused at once the next time."""
+past the limit killed, refused naming the limit, and refused at once the next time; over HTTP, that refusal is
+a 400 naming the flag, and the server serves on."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import asyncio
 import os
 import time
 
+import httpx
 import pytest
 from flotilla_server.grammar.compile_gate import COMPILED, CompileGate, CompileLimits, GrammarRefused
 from flotilla_server.grammar.json_schema import schema_grammar
 from flotilla_server.grammar.tokenizer_info import GrammarTokenizer
 from flotilla_server.model.tiny import build_tiny_tokenizer
 
+from tests.server.http.server_process import run_server
 from tests.server.structured.pathological import nested_schema
 
 
@@ -112,3 +115,17 @@ def test_an_unsupported_keyword_is_refused_naming_it(tokenizer) -> None:
         await gate.close()
 
     asyncio.run(go())
+
+
+def test_a_compile_past_the_limit_is_a_400_naming_it_and_the_server_serves_on(tmp_path) -> None:
+    with run_server("--grammar-compile-timeout-s", "0.05", tmp_path=tmp_path) as s:
+        body = {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
+                "response_format": {"type": "json_schema", "json_schema": {"name": "deep", "schema": nested_schema(8)}}}
+        r = httpx.post(f"{s.base_url}/v1/chat/completions", json=body, timeout=60)
+        assert r.status_code == 400, r.text
+        error = r.json()["error"]
+        assert "--grammar-compile-timeout-s" in error["message"] and error["code"] == "grammar_compile_timeout"
+        ok = httpx.post(f"{s.base_url}/v1/chat/completions", timeout=60,
+                        json={**body, "response_format": {"type": "json_object"}})
+        assert ok.status_code == 200
+        assert s.metric("flotilla_grammar_compile_seconds_count", outcome="timeout") == 1

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 HERMES_REPLY = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lis{b}on \\"old\\"", '
                 '"unit": "celsius"}}\n</tool_call>\n<tool_call>\n{"name": "add", "arguments": {"xs": [1, [2]]}}\n'
                 "</tool_call> done")
-LLAMA3_REPLY = '{"name": "get_weather", "parameters": {"city": "Oslo"}}; {"name": "add", "parameters": {}}'
+LLAMA3_REPLY = '{"name": "get_weather", "parameters": {"city": "Oslo \\"; {x}"}}; {"name": "add", "parameters": {}}'
 
 
 def streamed(parser: str, text: str, cuts: list[int]) -> tuple:
@@ -52,7 +52,7 @@ def test_a_hermes_reply_in_any_chunks_reads_as_whole(cuts: list[int]) -> None:
 @given(cuts=st.lists(st.integers(0, len(LLAMA3_REPLY)), max_size=8))
 def test_a_llama3_reply_in_any_chunks_reads_as_whole(cuts: list[int]) -> None:
     assert streamed(LLAMA3_JSON, LLAMA3_REPLY, cuts) == whole(LLAMA3_JSON, LLAMA3_REPLY) == (
-        None, [("get_weather", '{"city": "Oslo"}'), ("add", "{}")])
+        None, [("get_weather", '{"city": "Oslo \\"; {x}"}'), ("add", "{}")])  # a ; and braces inside a string
 
 
 def test_text_that_may_open_a_call_is_held_back_until_it_cannot() -> None:
