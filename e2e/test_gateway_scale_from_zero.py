@@ -78,6 +78,11 @@ def test_held_requests_wake_a_model_at_zero_and_all_complete(loop: Loop, tmp_pat
             results = asyncio.run(stream_all(gateway.url))
             stop.set()
             watcher.join(5)
+            # a request's access line is written once its response ended, which may be after the client read its
+            # last byte: wait for the lines (a hang guard; on a loaded machine once one was still missing)
+            deadline = time.monotonic() + 10
+            while len(first_bytes(gateway.log())) < REQUESTS and time.monotonic() < deadline:
+                time.sleep(0.1)
             gateway_log = gateway.log()
         assert [status for status, _, _ in results] == [200] * REQUESTS  # all held, none refused
         assert all(done for _, _, done in results)

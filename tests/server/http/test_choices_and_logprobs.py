@@ -11,6 +11,7 @@ import uuid
 
 import httpx
 import openai
+import pytest
 from openai.types import completion_choice
 from openai.types.chat import chat_completion
 
@@ -158,6 +159,7 @@ def _stream_until_every_choice_has_a_token(server, n: int, prompt: str) -> tuple
     raise AssertionError("the stream ended before every choice produced a token")
 
 
+@pytest.mark.serial  # a reading mid-stream: on a busy machine the forks' outputs outgrow the bound before it
 def test_n_4_holds_under_1_5x_the_blocks_of_n_1_and_counts_as_4_running(server) -> None:
     prompt = f"{uuid.uuid4()} " + "a long prompt that fills many blocks of the cache. " * 6
     blocks_1, running_1 = _stream_until_every_choice_has_a_token(server, 1, prompt)
