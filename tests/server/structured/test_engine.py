@@ -53,7 +53,11 @@ def constrained(max_tokens: int = 40, **extra) -> SamplingParams:
 
 
 def test_every_choice_follows_its_own_grammar_state_and_ends_with_stop() -> None:
-    out = run(engine(), {"a": (prompts(1, 20)[0], constrained(n=3, temperature=1.0, seed=3))})
+    core = engine()
+    out = run(core, {"a": (prompts(1, 20)[0], constrained(n=3, temperature=1.0, seed=3)),
+                     "b": (prompts(2, 9)[1], constrained())})
+    assert core.grammars.builds == 1  # one grammar, built once, copied per sequence
+    out = {k: v for k, v in out.items() if k[0] == "a"}
     assert len(out) == 3
     for text, _, reason in out.values():
         assert reason == "stop", text
