@@ -70,17 +70,18 @@ def test_concurrent_requests_for_one_new_grammar_compile_it_once_then_it_costs_n
 def test_the_outcomes_are_an_lru_and_at_most_n_compiles_run_at_once(tokenizer) -> None:
     counts = Counts()
 
-    async def go() -> CompileGate:
+    async def go() -> None:
         gate = CompileGate(tokenizer, CompileLimits(max_concurrent=2, cache_size=3), counts)
         await asyncio.gather(*(gate.check(grammar(i)) for i in range(6)))
         assert gate.probes_started == 2  # six compiles, never more than two processes
-        await gate.check(grammar(5))  # kept
-        await gate.check(grammar(0))  # evicted: compiled again
+        for i in (10, 11, 12, 13):  # one after another: 10 is evicted by 13
+            await gate.check(grammar(i))
+        await gate.check(grammar(13))  # kept
+        await gate.check(grammar(10))  # evicted: compiled again
         await gate.close()
-        return gate
 
     asyncio.run(go())
-    assert counts.compiles == [COMPILED] * 7
+    assert counts.compiles == [COMPILED] * 11
 
 
 def test_a_compile_past_the_limit_is_killed_refused_naming_the_limit_and_refused_at_once_again(tokenizer) -> None:

@@ -14,18 +14,15 @@ import pytest
 from flotilla_server.bench.structured_validity import run, summary
 from flotilla_server.bench.structured_workload import CASES, plan, request_body
 
-from tests.server.http.server_process import ServerProcess, run_server
-from tests.server.model.gguf_reference import smollm2_gguf
+from tests.server.http.server_process import ServerProcess
 
 NAME = "smollm2-135m-instruct"
 PERSON = CASES[0]  # person_extraction
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory) -> ServerProcess:
-    with run_server("--max-model-len", "2048", "--kv-cache-memory", "256Mi", tmp_path=tmp_path_factory.mktemp("s"),
-                    model_args=("--model", str(smollm2_gguf()))) as s:
-        yield s
+def server(smollm2_server: ServerProcess) -> ServerProcess:
+    return smollm2_server
 
 
 def chat(server: ServerProcess, **body) -> httpx.Response:
@@ -37,10 +34,11 @@ def person(server: ServerProcess, **extra) -> httpx.Response:
 
 
 def test_forty_constrained_requests_mixed_with_free_ones_all_parse_and_validate(server) -> None:
-    # 6 schemas of real API shapes (the 200 of make bench add a seventh, longer one); 14 streamed; concurrency
-    # 16; 8 unconstrained requests mixed in
+    # 6 schemas of real API shapes (the 200 of make bench add a seventh, longer one, at concurrency 16); 14
+    # streamed; 8 unconstrained requests mixed in; all 48 at once
     cases = [c for c in CASES if c.name != "calendar_event"]
-    outcomes = run(server.base_url, plan(40, 14, 8, NAME, max_tokens=512, cases=cases, free_max_tokens=16))
+    outcomes = run(server.base_url, plan(40, 14, 8, NAME, max_tokens=512, cases=cases, free_max_tokens=16),
+                   concurrency=48)
     s = summary(outcomes)
     assert s["statuses"] == {200: 48}, s
     assert not s["stopped_invalid"], s["stopped_invalid"]
@@ -130,8 +128,8 @@ def test_stop_with_a_schema_and_bad_schemas_get_400s_naming_the_problem(server) 
 
 
 def test_metrics_count_constrained_requests_compiles_cache_hits_and_mask_fills(server) -> None:
-    for _ in range(2):
-        assert person(server, max_tokens=64).status_code == 200
+    for _ in range(2):  # the second finds the first's compile (a hit); 12 tokens, 12 masked steps each
+        assert person(server, max_tokens=12).status_code == 200
     assert server.metric("flotilla_constrained_requests_total", kind="json_schema") >= 2
     assert server.metric("flotilla_grammar_cache_lookups_total", result="hit") >= 1
     assert server.metric("flotilla_grammar_compile_seconds_count", outcome="compiled") >= 1

@@ -7,7 +7,9 @@ parsed (docs/serving.md, "Tool calling")."""
 from __future__ import annotations
 
 import json
+import shutil
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import jsonschema
@@ -15,7 +17,6 @@ import openai
 import pytest
 
 from tests.server.http.server_process import ServerProcess, run_server
-from tests.server.model.gguf_reference import smollm2_gguf
 from tests.server.structured.tool_templates import HERMES_TEMPLATE, LLAMA3_TEMPLATE, with_template
 from tests.support.hf_models import make_hf_model_dir
 
@@ -40,10 +41,8 @@ ASK = [{"role": "user", "content": "What is the weather in Lisbon, and what are 
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory) -> ServerProcess:
-    with run_server("--max-model-len", "2048", "--kv-cache-memory", "128Mi", "--log-level", "debug",
-                    tmp_path=tmp_path_factory.mktemp("s"), model_args=("--model", str(smollm2_gguf()))) as s:
-        yield s
+def server(smollm2_server: ServerProcess) -> ServerProcess:
+    return smollm2_server
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +74,7 @@ def test_required_and_named_calls_always_validate_streamed_and_not(client) -> No
         choice = "required" if i % 2 else {"type": "function", "function": {"name": "convert_currency"}}
         parallel, stream = i == 3, i >= 3
         reply = client.chat.completions.create(model=NAME, messages=ASK, tools=TOOLS, tool_choice=choice,
-                                               temperature=0.9, seed=i, max_tokens=96, stream=stream,
+                                               temperature=0.9, seed=i, max_tokens=48 if parallel else 96, stream=stream,
                                                parallel_tool_calls=parallel)
         calls, finish = calls_of(reply, stream)
         assert calls and finish in ("tool_calls", "length"), (calls, finish)
@@ -153,10 +152,16 @@ def test_bad_tool_requests_get_400s_naming_the_problem(server, body, param, word
         assert w in error["message"], error
 
 
+@pytest.fixture(scope="module")
+def qwen2_dir(tmp_path_factory) -> Path:
+    return make_hf_model_dir("qwen2", tmp_path_factory.mktemp("qwen2") / "m")
+
+
 @pytest.mark.parametrize(("template", "shape"), [(HERMES_TEMPLATE, "<tool_call>"), (LLAMA3_TEMPLATE, '"parameters"')],
                          ids=["hermes", "llama3_json"])
-def test_a_template_that_takes_tools_renders_them_and_its_format_is_parsed(tmp_path, template, shape) -> None:
-    model = with_template(make_hf_model_dir("qwen2", tmp_path / "m"), template)
+def test_a_template_that_takes_tools_renders_them_and_its_format_is_parsed(tmp_path, qwen2_dir, template,
+                                                                          shape) -> None:
+    model = with_template(Path(shutil.copytree(qwen2_dir, tmp_path / "m")), template)
     with run_server("--log-level", "debug", tmp_path=tmp_path, model_args=("--model", str(model))) as s:
         served = httpx.get(f"{s.base_url}/v1/models", timeout=10).json()["data"][0]["id"]
         client = openai.OpenAI(base_url=f"{s.base_url}/v1", api_key="unused", max_retries=0)
