@@ -9,6 +9,7 @@ finish_reason "stop", when the grammar is complete; cut by max_tokens it ends "l
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -94,6 +95,10 @@ class Grammars:
         except GrammarRefused as e:
             code = "grammar_compile_timeout" if e.timed_out else "invalid_schema"
             raise APIError(400, f"{param}: {e}.", param=param, code=code) from None
+        except (OSError, EOFError, asyncio.IncompleteReadError, TimeoutError) as e:  # a probe that could not start
+            raise APIError(503, f"The grammar compiler is unavailable ({type(e).__name__}): retry; the next request "
+                                "starts a new one.", code="grammar_compiler_unavailable",
+                           headers={"Retry-After": "1"}) from None
 
     async def close(self) -> None:
         if self.gate is not None:

@@ -130,3 +130,20 @@ def test_a_compile_past_the_limit_is_a_400_naming_it_and_the_server_serves_on(tm
                         json={**body, "response_format": {"type": "json_object"}})
         assert ok.status_code == 200
         assert s.metric("flotilla_grammar_compile_seconds_count", outcome="timeout") == 1
+
+
+def test_a_probe_that_died_fails_its_request_only_and_the_next_starts_a_new_one(tokenizer) -> None:
+    async def go() -> None:
+        gate = CompileGate(tokenizer, CompileLimits())
+        await gate.check(grammar(20))
+        (probe,) = gate._idle
+        probe.proc.kill()  # as the OOM killer would
+        await probe.proc.wait()
+        with pytest.raises((OSError, EOFError)):  # the HTTP side answers 503 grammar_compiler_unavailable
+            await gate.check(grammar(21))
+        assert gate.num_probes == 0
+        await gate.check(grammar(21))  # retried: a new probe
+        assert gate.probes_started == 2
+        await gate.close()
+
+    asyncio.run(go())
