@@ -35,6 +35,26 @@ QUESTIONS = ("What is the weather in Lisbon?", "How much is 250 pounds in dollar
              "My laptop will not start; please open a ticket.", "Is it raining in Oslo, and what are 20 euros in yen?")
 
 
+def calls_of(reply: Any, stream: bool) -> tuple[list[dict[str, str]], str | None]:
+    """(calls as {id, name, arguments}, finish_reason) of the SDK's whole reply, or of its stream's chunks joined
+    as a client joins them."""
+    if not stream:
+        choice = reply.choices[0]
+        return [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                for c in choice.message.tool_calls or ()], choice.finish_reason
+    calls: dict[int, dict[str, str]] = {}
+    finish = None
+    for chunk in reply:
+        for c in chunk.choices:
+            finish = c.finish_reason or finish
+            for d in c.delta.tool_calls or ():
+                call = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
+                call["id"] += d.id or ""
+                call["name"] += (d.function.name or "") if d.function else ""
+                call["arguments"] += (d.function.arguments or "") if d.function else ""
+    return [calls[i] for i in sorted(calls)], finish
+
+
 def one(client: Any, model: str, i: int) -> dict[str, Any]:
     named = i % 2 == 1
     choice: Any = {"type": "function", "function": {"name": TOOLS[i % 3]["function"]["name"]}} if named else "required"
@@ -43,26 +63,13 @@ def one(client: Any, model: str, i: int) -> dict[str, Any]:
     reply = client.chat.completions.create(model=model, messages=[{"role": "user", "content": QUESTIONS[i % 4]}],
                                            tools=TOOLS, tool_choice=choice, max_tokens=256, temperature=0.8,
                                            seed=i, stream=stream, parallel_tool_calls=parallel)
-    calls: dict[int, dict[str, str]] = {}
-    finish = None
-    if stream:
-        for chunk in reply:
-            for c in chunk.choices:
-                finish = c.finish_reason or finish
-                for d in c.delta.tool_calls or ():
-                    call = calls.setdefault(d.index, {"name": "", "arguments": ""})
-                    call["name"] += (d.function.name or "") if d.function else ""
-                    call["arguments"] += (d.function.arguments or "") if d.function else ""
-    else:
-        finish = reply.choices[0].finish_reason
-        for k, c in enumerate(reply.choices[0].message.tool_calls or ()):
-            calls[k] = {"name": c.function.name, "arguments": c.function.arguments}
+    calls, finish = calls_of(reply, stream)
     problems = []
     if not calls:
         problems.append("no call")
     if not parallel and (finish != "tool_calls" or len(calls) != 1):
         problems.append(f"one call and finish_reason tool_calls expected, got {len(calls)} and {finish}")
-    complete = list(calls.values())[:-1] if finish == "length" else list(calls.values())  # the last one cut
+    complete = calls[:-1] if finish == "length" else calls  # the last one cut
     for call in complete:
         if named and call["name"] != choice["function"]["name"]:
             problems.append(f"called {call['name']}, not {choice['function']['name']}")

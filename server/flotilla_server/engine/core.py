@@ -136,10 +136,9 @@ class EngineCore:
     @property
     def grammars(self) -> GrammarBook:
         if self._grammars is None:
-            tokenizer = self.loaded.tokenizer
-            vocab = max(self.loaded.config.vocab_size, tokenizer.vocab_size)
-            self._grammars = GrammarBook(GrammarTokenizer(tokenizer.to_json(), vocab, tuple(sorted(self.eos_token_ids))))
-            self.runner.grammar_vocab_size = vocab
+            info = GrammarTokenizer.of(self.loaded.tokenizer, self.loaded.config.vocab_size, self.eos_token_ids)
+            self._grammars = GrammarBook(info)
+            self.runner.grammar_vocab_size = info.vocab_size
         return self._grammars
 
     def grammar_ready(self, params: SamplingParams) -> bool:

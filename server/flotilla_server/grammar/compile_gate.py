@@ -26,13 +26,13 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
+from flotilla_contract.flags import DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S, DEFAULT_MAX_GRAMMAR_COMPILES
+
 from flotilla_server.grammar.probe_worker import frame
 from flotilla_server.grammar.tokenizer_info import GrammarTokenizer
 
 log = logging.getLogger("flotilla.grammar")
 
-DEFAULT_COMPILE_TIMEOUT_S = 5.0
-DEFAULT_MAX_CONCURRENT_COMPILES = 2
 DEFAULT_CACHE_SIZE = 512  # grammars whose outcome is kept
 PROBE_START_TIMEOUT_S = 60.0  # a probe process's start (Python and the tokenizer): not the compile's limit
 
@@ -50,17 +50,11 @@ class GrammarRefused(Exception):
 
 @dataclass(frozen=True)
 class CompileLimits:
-    timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S
-    max_concurrent: int = DEFAULT_MAX_CONCURRENT_COMPILES
-    cache_size: int = DEFAULT_CACHE_SIZE
+    """Checked where the flags are read (http/settings.py)."""
 
-    def __post_init__(self) -> None:
-        if self.timeout_s <= 0:
-            raise ValueError(f"the grammar compile timeout must be > 0 s, got {self.timeout_s}")
-        if self.max_concurrent < 1:
-            raise ValueError(f"at least one grammar compile must be allowed at once, got {self.max_concurrent}")
-        if self.cache_size < 1:
-            raise ValueError(f"the grammar cache must hold at least 1 grammar, got {self.cache_size}")
+    timeout_s: float = DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S
+    max_concurrent: int = DEFAULT_MAX_GRAMMAR_COMPILES
+    cache_size: int = DEFAULT_CACHE_SIZE
 
 
 class _Probe:

@@ -13,8 +13,6 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from flotilla_contract import flags as f
-
 from flotilla_server.grammar.compile_gate import CompileGate, CompileLimits, CompileMetrics, GrammarRefused
 from flotilla_server.grammar.json_schema import ANY_OBJECT, GrammarError, schema_grammar
 from flotilla_server.grammar.tokenizer_info import GrammarTokenizer
@@ -42,8 +40,7 @@ class StructuredSettings:
     tool_call_parser: str = "auto"  # flotilla_contract.flags.TOOL_CALL_PARSERS
 
     @classmethod
-    def from_flags(cls, timeout_s: float = f.DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S,
-                   max_compiles: int = f.DEFAULT_MAX_GRAMMAR_COMPILES, tool_call_parser: str = "auto") -> StructuredSettings:
+    def from_flags(cls, timeout_s: float, max_compiles: int, tool_call_parser: str) -> StructuredSettings:
         return cls(CompileLimits(timeout_s=timeout_s, max_concurrent=max_compiles), tool_call_parser)
 
 
@@ -88,7 +85,7 @@ class Grammars:
         """Return once the grammar compiles within the limit; else a 400 naming `param`."""
         if self.gate is None:
             tok = self._tokenizer
-            info = GrammarTokenizer(tok.to_json(), max(self._vocab_size, tok.vocab_size), tuple(sorted(tok.eos_token_ids)))
+            info = GrammarTokenizer.of(tok, self._vocab_size, tok.eos_token_ids)
             self.gate = CompileGate(info, self.settings.limits, self._metrics)
         try:
             await self.gate.check(constraint.grammar)

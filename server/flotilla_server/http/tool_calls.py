@@ -2,7 +2,7 @@
 arguments in pieces, in OpenAI's delta shape. A whole (non-streamed) reply runs the same parser over its
 text, so a streamed call always reassembles to the non-streamed one.
 
-Two formats, picked from the chat template or `--tool-call-parser` (tool_prompt.py):
+Two formats, picked from the chat template or `--tool-call-parser` (tools.py):
 
 - **hermes** (Hermes, Qwen 2/2.5/3, and the fallback prompt): `<tool_call>{"name": ..., "arguments": {...}}
   </tool_call>` blocks, any text around them being content. Text that may open a block (a suffix of the text
@@ -12,7 +12,8 @@ Two formats, picked from the chat template or `--tool-call-parser` (tool_prompt.
   it is not calls.
 
 A call's arguments are the exact text of its JSON value, streamed as it grows when `name` comes first (as
-the constrained grammars write it), else sent whole once the call is closed.
+the constrained grammars write it), else sent whole once the call is closed. Each feed scans only the text it
+adds: a streamed reply is read in time linear in its length.
 """
 
 from __future__ import annotations
@@ -53,32 +54,35 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def _structure(text: str, start: int = 0) -> Iterator[tuple[int, str, int]]:
-    """(index, character, depth after it) of each character of `text` from `start` outside a JSON string."""
-    depth, in_string, escaped = 0, False, False
-    for i in range(start, len(text)):
-        c = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == '"':
-                in_string = False
-            continue
-        if c == '"':
-            in_string = True
-            continue
-        if c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-        yield i, c, depth
+class _Structure:
+    """Where a JSON text's brackets stand, read on as the text grows: strings (escapes included) are skipped."""
 
+    def __init__(self, start: int = 0) -> None:
+        self.pos = start  # where the next read starts: the text before `start` is not JSON
+        self.depth = 0
+        self._in_string = self._escaped = False
 
-def _value_end(text: str, start: int) -> int | None:
-    """The end (exclusive) of the JSON object or array opening at text[start], or None while it is open."""
-    return next((i + 1 for i, c, depth in _structure(text, start) if c in "}]" and depth == 0), None)
+    def read(self, text: str) -> Iterator[tuple[int, str, int]]:
+        """(index, character, depth after it) of each new character of `text` outside a JSON string."""
+        for i in range(self.pos, len(text)):
+            self.pos = i + 1
+            c = text[i]
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif c == "\\":
+                    self._escaped = True
+                elif c == '"':
+                    self._in_string = False
+                continue
+            if c == '"':
+                self._in_string = True
+                continue
+            if c in "{[":
+                self.depth += 1
+            elif c in "}]":
+                self.depth -= 1
+            yield i, c, self.depth
 
 
 @dataclass
@@ -88,8 +92,7 @@ class _Call:
     index: int
     text: str = ""
     started: bool = False
-    args_start: int | None = None  # where the arguments' value starts in `text`, once the head is read
-    args_sent: int = 0  # characters of the value sent
+    args: _Structure | None = None  # the arguments' value, read from where it starts, once the head is read
     done: bool = False
 
     def progress(self) -> list[Delta]:
@@ -98,15 +101,14 @@ class _Call:
             head = _HEAD.match(self.text)
             if head is None or head.end() >= len(self.text) or self.text[head.end()] != "{":
                 return out
-            self.started, self.args_start = True, head.end()
+            self.started, self.args = True, _Structure(head.end())
             out.append(CallStart(self.index, new_call_id(), json.loads(f'"{head.group(1)}"')))
-        if self.args_start is not None and not self.done:
-            end = _value_end(self.text, self.args_start)
-            upto = end if end is not None else len(self.text)
-            piece = self.text[self.args_start + self.args_sent:upto]
+        if self.args is not None and not self.done:
+            sent = self.args.pos
+            end = next((i + 1 for i, c, depth in self.args.read(self.text) if c in "}]" and depth == 0), None)
+            piece = self.text[sent:end if end is not None else len(self.text)]
             if piece:
                 out.append(CallArguments(self.index, piece))
-                self.args_sent += len(piece)
             self.done = end is not None
         return out
 
@@ -135,10 +137,12 @@ class HermesParser:
         self.num_calls = 0
 
     def feed(self, text: str) -> list[Delta]:
+        searched = max(0, len(self._pending) - len(CLOSE) + 1)  # a tag can only end in the new text
         self._pending += text
         out: list[Delta] = []
         while True:
             if self._call is None:
+                searched = 0
                 at = self._pending.find(OPEN)
                 if at < 0:
                     keep = next((k for k in range(min(len(OPEN) - 1, len(self._pending)), 0, -1)
@@ -152,7 +156,7 @@ class HermesParser:
                     out.append(Content(self._pending[:at]))
                 self._pending = self._pending[at + len(OPEN):]
                 self._call = _Call(self.num_calls)
-            at = self._pending.find(CLOSE)
+            at = self._pending.find(CLOSE, searched)
             self._call.text = self._pending if at < 0 else self._pending[:at]
             if at < 0:
                 out += self._call.progress()
@@ -184,7 +188,6 @@ class Llama3JsonParser:
     def __init__(self) -> None:
         self._held: str | None = None  # the reply, held while it may be calls
         self._passing = False  # the reply is text: sent as it comes
-        self.num_calls = 0
 
     def feed(self, text: str) -> list[Delta]:
         if self._passing:
@@ -207,14 +210,13 @@ class Llama3JsonParser:
             if closed is None:
                 return [Content(held)]
             calls += closed
-        self.num_calls = sum(isinstance(d, CallStart) for d in calls)
         return calls or ([Content(held)] if held else [])
 
 
 def _split_top_level(text: str, sep: str) -> list[str]:
     """`text` split at `sep` outside JSON strings and brackets."""
     parts, begin = [], 0
-    for i, c, depth in _structure(text):
+    for i, c, depth in _Structure().read(text):
         if c == sep and depth == 0:
             parts.append(text[begin:i])
             begin = i + 1

@@ -15,23 +15,15 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from flotilla_server.bench.tool_validity import TOOLS as BENCH_TOOLS
+from flotilla_server.bench.tool_validity import calls_of
 
 from tests.server.http.server_process import ServerProcess, run_server
 from tests.server.structured.tool_templates import HERMES_TEMPLATE, LLAMA3_TEMPLATE, with_template
 from tests.support.hf_models import make_hf_model_dir
 
 NAME = "smollm2-135m-instruct"
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city now.",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "maxLength": 40}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-        "required": ["city", "unit"], "additionalProperties": False}}}
-CONVERT = {"type": "function", "function": {
-    "name": "convert_currency", "description": "Convert an amount between currencies.",
-    "parameters": {"type": "object", "properties": {
-        "amount": {"type": "number", "minimum": 0, "maximum": 1000000},
-        "source": {"enum": ["USD", "EUR", "GBP"]}, "target": {"enum": ["USD", "EUR", "GBP"]}},
-        "required": ["amount", "source", "target"], "additionalProperties": False}}}
+WEATHER, CONVERT = BENCH_TOOLS[:2]  # the functions make bench calls (get_weather, convert_currency)
 TOOLS = [WEATHER, CONVERT]
 SET_MODE = {"type": "function", "function": {"name": "set_mode", "parameters": {
     "type": "object", "properties": {"mode": {"enum": ["eco", "fast"]}}, "required": ["mode"],
@@ -48,25 +40,6 @@ def server(smollm2_server: ServerProcess) -> ServerProcess:
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
-
-
-def calls_of(reply, stream: bool) -> tuple[list[dict], str]:
-    """(calls as dicts, finish_reason) of a whole reply, or of a stream's chunks joined as a client joins them."""
-    if not stream:
-        choice = reply.choices[0]
-        return [{"name": c.function.name, "arguments": c.function.arguments, "id": c.id}
-                for c in choice.message.tool_calls or ()], choice.finish_reason
-    calls: dict[int, dict] = {}
-    finish = None
-    for chunk in reply:
-        for choice in chunk.choices:
-            finish = choice.finish_reason or finish
-            for d in choice.delta.tool_calls or ():
-                call = calls.setdefault(d.index, {"name": "", "arguments": "", "id": ""})
-                call["id"] += d.id or ""
-                call["name"] += (d.function.name or "") if d.function else ""
-                call["arguments"] += (d.function.arguments or "") if d.function else ""
-    return [calls[i] for i in sorted(calls)], finish
 
 
 def test_required_and_named_calls_always_validate_streamed_and_not(client) -> None:
