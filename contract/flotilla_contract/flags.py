@@ -40,6 +40,8 @@ CUDA_GRAPHS = ("auto", "on", "off")
 DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S = 5.0
 DEFAULT_MAX_GRAMMAR_COMPILES = 2
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json")
+# a listed model whose source cannot be read at start (docs/serving.md, "The model list file")
+UNREADABLE_AT_START = ("exit", "skip")
 
 Kind = Literal["str", "int", "float", "bytes"]
 
@@ -71,7 +73,12 @@ SERVER_FLAGS: tuple[Flag, ...] = (
     Flag("--model-list-file", "model_list_file", "str", None,
          "A file of NAME=SOURCE lines (multi-model mode; SOURCE: tiny or an absolute path), re-read when it "
          "changes: a new line becomes loadable without a restart. Parsed strictly: a bad line refuses the "
-         "file (at start: exit 2; on a reload: the list before stays); an unreadable source skips its line."),
+         "file (at start: exit 2; on a reload: the list before stays); an unreadable source skips its line on a "
+         "reload, and at start as --unreadable-model-at-start says."),
+    Flag("--unreadable-model-at-start", "unreadable_model_at_start", "str", "exit",
+         "A listed model whose source cannot be read at start: exit (exit 2, naming it) or skip (serve the others, "
+         "try it again every 10 s; the operator sets skip for a ModelPool's pods, so one member's missing files "
+         "cannot stop the others). A --model flag's source must always read."),
     Flag("--memory-budget", "memory_budget_bytes", "bytes", None,
          "Multi-model mode: memory that loaded models (weights and KV pools) may hold, e.g. 60Gi; default: "
          "80% of the GPU, or half the RAM on CPU."),

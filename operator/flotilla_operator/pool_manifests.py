@@ -137,7 +137,9 @@ def pool_server_args(spec: pool_types.ModelPoolSpec) -> list[str]:
     if server.max_model_len is not None:
         values.append(("--max-model-len", server.max_model_len))
     values += class_values(server)
-    values += [("--model-list-file", f"{MEMBERS_DIR}/{MEMBERS_KEY}"), ("--memory-budget", budget_per_replica_bytes(spec))]
+    # a member whose files are not on the volume yet is skipped, not fatal: it must not stop the others' pods
+    values += [("--model-list-file", f"{MEMBERS_DIR}/{MEMBERS_KEY}"), ("--unreadable-model-at-start", "skip"),
+               ("--memory-budget", budget_per_replica_bytes(spec))]
     args = [part for name, value in values for part in flag(name, value)]
     return args + list(server.extra_args)
 

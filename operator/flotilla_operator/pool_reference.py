@@ -69,7 +69,8 @@ line it accepts (`flotilla_contract.model_list`, the grammar both sides share): 
 digits and `. _ : / -`, and a path without whitespace or control characters. Any other member is `Degraded`
 with reason `NotListable`, saying what to rename, and stays out of the file: one member can never make the
 servers drop the others. A listed member whose files are missing on the volume (or unreadable, as a GGUF of
-an unsupported type) is skipped by each server, which keeps serving the others, shows why in its load
+an unsupported type) is skipped by each server (the operator starts them with
+`--unreadable-model-at-start skip`; a server started by hand exits 2 instead), which keeps serving the others, shows why in its load
 report (`model_list.skipped`) and tries it again every 10 s, so files copied after the member joined are
 picked up. A pool with no members writes an empty file; its servers start and serve nothing until one joins.
 

@@ -154,7 +154,8 @@ def _main_multi_model(settings: ServerSettings) -> int:
     # each model's engine in its own process (--engine-mode process) or on a thread of this one (inprocess)
     engines = EngineProcesses(settings.engine_config(), settings.engine_mode, settings.engine_options())
     budget = settings.memory_budget_bytes or default_budget_bytes(settings.device)
-    cache = ModelCache(engines, model_specs(settings), budget, settings.min_residency_s, settings.model_list_file)
+    cache = ModelCache(engines, model_specs(settings), budget, settings.min_residency_s, settings.model_list_file,
+                       skip_unreadable_at_start=settings.unreadable_model_at_start == "skip")
     return serve_pool(settings, cache)
 
 

@@ -155,6 +155,7 @@ def test_the_members_file_is_mounted_as_a_directory_so_the_kubelet_updates_it():
     args = container["args"]
     assert args[args.index("--model-list-file") + 1] == f"{mount['mountPath']}/models"
     assert args[args.index("--memory-budget") + 1] == str(1024**3)
+    assert args[args.index("--unreadable-model-at-start") + 1] == "skip"  # one member's files never stop the others
     assert {"name": "models", "mountPath": "/models", "readOnly": True} in container["volumeMounts"]
 
 

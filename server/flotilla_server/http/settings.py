@@ -21,6 +21,7 @@ from flotilla_server.engine.messages import EngineOptions
 class ServerSettings:
     model: str | tuple[str, ...] = "tiny"  # several (a tuple) only in multi-model mode
     model_list_file: str | None = None
+    unreadable_model_at_start: str = "exit"
     memory_budget_bytes: int | None = None
     load_timeout_s: float = f.DEFAULT_LOAD_TIMEOUT_S
     min_residency_s: float = f.DEFAULT_MIN_RESIDENCY_S
@@ -96,6 +97,9 @@ class ServerSettings:
                              f"got {self.tool_call_parser!r}")
         if self.log_level.lower() not in f.LOG_LEVELS:
             raise ValueError(f"--log-level must be one of {', '.join(f.LOG_LEVELS)}, got {self.log_level!r}")
+        if self.unreadable_model_at_start not in f.UNREADABLE_AT_START:
+            raise ValueError(f"--unreadable-model-at-start must be one of {', '.join(f.UNREADABLE_AT_START)}, "
+                             f"got {self.unreadable_model_at_start!r}")
         if self.prefix_caching not in f.PREFIX_CACHING:
             raise ValueError(f"--prefix-caching must be one of {', '.join(f.PREFIX_CACHING)}, got {self.prefix_caching!r}")
         if self.cuda_graphs not in f.CUDA_GRAPHS:

@@ -56,7 +56,7 @@ class _Entry:
 class ModelCache:
     def __init__(self, engines: Engines, specs: tuple[ModelSpec, ...], budget_bytes: int, min_residency_s: float,
                  list_file: str | None = None, hooks: CacheHooks | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, skip_unreadable_at_start: bool = False) -> None:
         self.engines = engines
         self.budget_bytes = budget_bytes
         self.min_residency_s = min_residency_s
@@ -68,7 +68,7 @@ class ModelCache:
         self._stop = False
         self._thread: threading.Thread | None = None
         # ValueError (one line) for a list file that cannot be read, or sources that refuse the start
-        self._members = Membership(specs, list_file)
+        self._members = Membership(specs, list_file, skip_unreadable_at_start)
         self._members.check_start(self._set_specs(self._members.specs))
 
     # --- membership (membership.py decides what is listed; here, what it costs) -----------------

@@ -7,13 +7,15 @@ an unreadable file) or one entry (a path missing on the volume, a GGUF of an unk
 here, shown in the load report and the metrics (docs/serving.md, "The model list file").
 
 Rules:
-- at start the file must read and parse, and every `--model` flag's source must be readable: else the
-  server does not start (the CLI exits 2 with one line); so must at least one listed entry, when there are
-  any: a server never starts serving nothing because every source failed;
+- at start the file must read and parse, and every source must be readable: else the server does not start
+  (the CLI exits 2 with one line naming each); with `skip_unreadable_at_start` (a pool's pods, which the
+  operator starts with `--unreadable-model-at-start skip`) a listed entry is skipped as on a reload, but at
+  least one listed entry must read, when there are any: a server never starts serving nothing because
+  every source failed;
 - on a reload, a file that cannot be read or parsed is refused whole: the list before stays in force, the
   failure is logged and counted once per version of the file, and shown until a good version is read;
-- an entry whose source cannot be read is skipped, logged once and shown, while the others serve (at start
-  too: a pool's pods keep serving every other member); it is tried again every SKIPPED_RETRY_S, so a model
+- on a reload, an entry whose source cannot be read is skipped, logged once and shown, while the others
+  serve (at start too, for a pool's pods: they keep serving every other member); it is tried again every SKIPPED_RETRY_S, so a model
   copied onto the volume after its entry was written is served without touching the file.
 """
 
@@ -50,9 +52,11 @@ class ListStatus:
 
 
 class Membership:
-    def __init__(self, flag_specs: tuple[ModelSpec, ...], list_path: str | None) -> None:
+    def __init__(self, flag_specs: tuple[ModelSpec, ...], list_path: str | None,
+                 skip_unreadable_at_start: bool = False) -> None:
         """Reads the list file now; ValueError, in one line, if it cannot be read or parsed."""
         self.flag_specs = flag_specs
+        self.skip_unreadable_at_start = skip_unreadable_at_start
         self._list = ModelListFile(list_path) if list_path else None
         self.reload_failures = 0
         self.last_error: str | None = None
@@ -68,14 +72,16 @@ class Membership:
                                  "the path of a file of NAME=SOURCE lines") from None
 
     def check_start(self, skipped: list[Skipped]) -> None:
-        """At start, with the entries whose source could not be read: ValueError (one line) for a flag's, or
-        when nothing listed is left; else they are recorded as on a reload."""
+        """At start, with the entries whose source could not be read: ValueError (one line) naming them; with
+        `skip_unreadable_at_start`, only for a flag's or when nothing listed is left, and the rest are recorded
+        as on a reload."""
         flags = {s.name for s in self.flag_specs}
-        bad = [s for s in skipped if s.name in flags]
+        bad = [s for s in skipped if s.name in flags or not self.skip_unreadable_at_start]
         if not bad and skipped and len(skipped) == len(self.specs):
             bad = skipped
         if bad:
-            where = "; ".join(f"model {s.name} ({s.source}): {s.error}" for s in bad)
+            where = "; ".join(f"model {s.name} ({s.source}): {s.error}" if s.name in flags
+                              else f"--model-list-file's model {s.name} ({s.source}): {s.error}" for s in bad)
             raise ValueError(where if len(bad) < len(self.specs) else f"no model can be served: {where}")
         self.record_skipped(skipped)
 

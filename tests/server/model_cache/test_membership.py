@@ -28,16 +28,26 @@ def test_a_list_file_that_cannot_be_read_or_parsed_refuses_the_start(tmp_path):
         Membership((), str(tmp_path / "models"))
 
 
-@pytest.mark.parametrize(("flags", "listed", "skipped", "refused"), [
-    ((A,), "", ["a"], "model a (tiny): unreadable"),  # a flag's source: always refused at start
-    ((A,), "b=/m/b\n", ["b"], None),  # one listed entry of two: skipped, the flag serves
-    ((), "a=tiny\nb=/m/b\n", ["b"], None),  # one of two listed: skipped, the other serves
-    ((), "a=tiny\nb=/m/b\n", ["a", "b"], "no model can be served: model a (tiny): unreadable; model b (/m/b): unreadable"),
-    ((), "", [], None),  # an empty list (a pool without members): nothing to serve, on purpose
+LISTED_B = "--model-list-file's model b (/m/b): unreadable"
+NONE_LEFT = "no model can be served: --model-list-file's model a (tiny): unreadable; " + LISTED_B
+
+
+@pytest.mark.parametrize(("skip", "flags", "listed", "skipped", "refused"), [
+    (False, (A,), "", ["a"], "no model can be served: model a (tiny): unreadable"),
+    (False, (A,), "b=/m/b\n", ["b"], LISTED_B),  # by default every source must read
+    (False, (), "a=tiny\nb=/m/b\n", ["b"], LISTED_B),
+    (False, (), "a=tiny\nb=/m/b\n", ["a", "b"], NONE_LEFT),
+    (False, (), "", [], None),  # an empty list (a pool without members): nothing to serve, on purpose
+    (True, (A,), "", ["a"], "model a (tiny): unreadable"),  # a flag's source: always refused at start
+    (True, (A,), "b=/m/b\n", ["b"], None),  # a pool's pod: one listed entry of two skipped, the flag serves
+    (True, (), "a=tiny\nb=/m/b\n", ["b"], None),  # one of two listed: skipped, the other serves
+    (True, (), "a=tiny\nb=/m/b\n", ["a", "b"], NONE_LEFT),  # never serving nothing
+    (True, (), "", [], None),
 ])
-def test_at_start_a_flag_must_be_readable_and_so_must_one_listed_entry(tmp_path, flags, listed, skipped, refused):
+def test_at_start_every_source_must_read_unless_listed_entries_may_be_skipped(tmp_path, skip, flags, listed,
+                                                                              skipped, refused):
     (tmp_path / "models").write_text(listed)
-    members = Membership(flags, str(tmp_path / "models"))
+    members = Membership(flags, str(tmp_path / "models"), skip_unreadable_at_start=skip)
     by_name = {s.name: s for s in members.specs}
     bad = [Skipped(name, by_name[name].source, "unreadable") for name in skipped]
     if refused is None:
@@ -79,7 +89,7 @@ def test_the_file_is_checked_once_a_poll_interval(tmp_path):
 def test_skipped_entries_are_tried_again_without_a_change_of_the_file(tmp_path):
     listing = tmp_path / "models"
     listing.write_text("a=tiny\nb=/m/b\n")
-    members = Membership((), str(listing))
+    members = Membership((), str(listing), skip_unreadable_at_start=True)
     members.check_start([Skipped("b", "/m/b", "not found")])
     assert members.poll(0.0) == (A, B)  # due at once after start
     assert members.poll(LIST_POLL_S) is None  # then once every SKIPPED_RETRY_S

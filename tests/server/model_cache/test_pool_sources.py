@@ -157,6 +157,12 @@ def test_a_server_refuses_to_start_on_what_it_could_not_serve_in_one_line(tmp_pa
     bad_line = tmp_path / "bad-line"
     bad_line.write_text(f"a={gguf}\nb={gguf} extra\n")
     assert "line 2: 'extra' follows source" in refuse_to_start(tmp_path, "--model-list-file", str(bad_line))
+    one_missing = tmp_path / "one-missing"
+    one_missing.write_text(f"a={gguf}\nb={tmp_path}/b.gguf\n")
+    missing = refuse_to_start(tmp_path, "--model-list-file", str(one_missing))
+    assert re.search(r"error: --model-list-file's model b \(.*b\.gguf\): GGUF file .*b\.gguf not found", missing)
     nothing = tmp_path / "nothing-readable"
     nothing.write_text(f"a={tmp_path}/a.gguf\nb={tmp_path}\n")
-    assert "no model can be served: model a" in refuse_to_start(tmp_path, "--model-list-file", str(nothing))
+    for mode in ("exit", "skip"):  # a pool's pods skip one member at start, but never start serving nothing
+        assert "no model can be served: --model-list-file's model a" in refuse_to_start(
+            tmp_path, "--model-list-file", str(nothing), "--unreadable-model-at-start", mode)
