@@ -43,12 +43,15 @@ ENV PATH=/opt/flotilla/bin:$PATH \
     HF_HUB_OFFLINE=1
 USER 65532:65532
 WORKDIR /home/flotilla
-# The build fails unless the native kernel loads here, as the server's user, and agrees with torch: the loader
-# would only log a warning and fall back to slower one-row products.
-RUN python -c "import torch; from flotilla_server.model import native_gemv as n; \
+# The build fails unless the native kernels load here, as the server's user, and agree with torch: the loader
+# would only log a warning and fall back to slower one-row products and GGUF block products.
+RUN python -c "import torch; from flotilla_server.model import native_gemv as n, quant_blocks as q; \
 assert n.gemv_one_row is not None, 'the native CPU kernel did not load: see the warning above'; \
 x, w = torch.randn(1, 96), torch.randn(80, 96); \
-torch.testing.assert_close(n.gemv_one_row(x, w), x @ w.T, rtol=1e-4, atol=1e-4)"
+torch.testing.assert_close(n.gemv_one_row(x, w), x @ w.T, rtol=1e-4, atol=1e-4); \
+assert q.active_isa() != 'torch', 'the GGUF block kernel did not load: see the warning above'; \
+b = torch.randint(0, 256, (80, 54), dtype=torch.uint8); b.view(80, 3, 18)[..., :2] = torch.tensor([0, 60], dtype=torch.uint8); \
+torch.testing.assert_close(q.quant_matmul(x, b, 2), x @ q.dequantize_rows(b, 2).T, rtol=1e-4, atol=1e-4)"
 EXPOSE 8000
 # The operator passes --model, --port and the engine flags; `tiny` needs no weights.
 ENTRYPOINT ["flotilla-server"]

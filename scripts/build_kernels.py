@@ -2,9 +2,10 @@
 model/native_gemv.py loads (`make setup` runs this; it is rebuilt when its source or torch changes).
 
 g++ straight from torch's include and library paths: no ninja, no pybind11, no Python module. A machine
-without a C++ compiler still serves: the library is missing, the loader says so once, and one-row float32
-products take oneDNN or MKL instead (docs/serving.md, "CPU threads"). Exits 0 in that case too, with the
-reason on stderr; with --strict (the test set-up, the server image), a failed build exits 1.
+without a C++ compiler still serves: the library is missing, the loader says so once, one-row float32
+products take oneDNN or MKL instead (docs/serving.md, "CPU threads") and GGUF block products a slower torch
+fallback (model/quant_blocks.py). Exits 0 in that case too, with the reason on stderr; with --strict (the
+test set-up, the server image), a failed build exits 1.
 
 The library goes where the loader looks, kernels/build beside native_gemv.py: in the source tree by default
 (an editable install imports from there); --out-dir puts it elsewhere, e.g. into a non-editable install's
@@ -23,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "server" / "flotilla_server" / "model" / "kernels"
-SOURCES = [KERNELS / "gemv.cpp"]
+SOURCES = [KERNELS / "gemv.cpp", KERNELS / "quant_matmul.cpp"]
 LIBRARY = KERNELS / "build" / "libflotilla_kernels.so"
 STAMP = LIBRARY.with_suffix(".stamp")
 
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, subprocess.CalledProcessError) as error:
         detail = getattr(error, "stderr", "") or str(error)
         print(f"build_kernels: the CPU kernels were not built ({detail.strip()[-2000:]}); one-row float32 "
-              "products will use oneDNN or MKL", file=sys.stderr)
+              "products will use oneDNN or MKL, GGUF block products a torch fallback", file=sys.stderr)
         return 1 if args.strict else 0
     partial.replace(library)
     stamp.write_text(want)

@@ -12,6 +12,9 @@ KV_BLOCKS_CACHED = "flotilla_kv_blocks_cached"  # free blocks still holding a re
 PREFIX_CACHE_QUERIES = "flotilla_prefix_cache_queries"
 PREFIX_CACHE_HITS = "flotilla_prefix_cache_hits"
 STEP_THREADS = "flotilla_step_threads"  # histogram: CPU threads each engine step ran on
+# gauge: bytes of weights a model holds, packed copies included, labelled `quantization` (none, gguf:Q4_1+Q8_0)
+MODEL_WEIGHT_BYTES = "flotilla_model_weight_bytes"
+QUANTIZATION_LABEL = "quantization"
 
 # The Gateway API Inference Extension's model-server protocol, exported beside ours.
 VLLM_REQUESTS_WAITING = "vllm:num_requests_waiting"

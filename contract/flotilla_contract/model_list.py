@@ -7,7 +7,8 @@ refuses a whole file that breaks it, so a file can never mean more than its writ
 
 Rules:
 - a line is blank, a comment (`#` first, after any indent), or exactly one entry: NAME, `=`, SOURCE, with
-  optional spaces around each; nothing follows SOURCE on its line (a second field is refused, never ignored);
+  optional spaces around each, then optionally ` quantization=VALUE` (one of flags.QUANTIZATIONS: how that
+  model's weights are held, over the server's `--quantization`); any other field is refused, never ignored;
 - NAME is what clients send as `model`: a letter or digit, then letters, digits and `. _ : / -`, 128 at most;
 - SOURCE is `tiny` (the built-in model) or an absolute path (a Hugging Face directory or a `.gguf` file),
   without whitespace or control characters; `--model NAME=SOURCE` also takes a relative path, as single-model
@@ -19,6 +20,9 @@ Rules:
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+
+from flotilla_contract.flags import QUANTIZATIONS
 
 BUILTIN_SOURCES = ("tiny",)
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$"
@@ -45,32 +49,52 @@ def source_problem(source: str, *, relative_ok: bool = False) -> str | None:
         return f"source {source!r} begins or ends with whitespace; give the path without it"
     if any(c.isspace() for c in source):
         first, extra = source.split(None, 1)
-        return (f"{extra!r} follows source {first!r}: an entry has two fields, NAME=SOURCE, and a source "
-                "no whitespace (a comment goes on a line of its own)")
+        return (f"{extra!r} follows source {first!r}: an entry is NAME=SOURCE, then at most quantization=VALUE, "
+                "and a source has no whitespace (a comment goes on a line of its own)")
     if source in BUILTIN_SOURCES or source.startswith("/") or relative_ok:
         return None
     return (f"source {source!r} is neither {' nor '.join(repr(s) for s in BUILTIN_SOURCES)} nor an absolute path; "
             "give the path of a Hugging Face model directory or of a .gguf file, from /")
 
 
-def entry_problem(name: str, source: str) -> str | None:
-    """What keeps (name, source) from being a line of a model list file, or None: what the writer checks."""
-    return name_problem(name) or source_problem(source)
+def quantization_problem(quantization: str | None) -> str | None:
+    if quantization is None or quantization in QUANTIZATIONS:
+        return None
+    return f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}"
 
 
-def parse_entry(text: str, where: str, *, relative_ok: bool = False) -> tuple[str, str]:
-    """`NAME=SOURCE` → (name, source); ValueError naming `where` and what to write instead."""
-    name, sep, source = text.strip().partition("=")
-    name, source = name.strip(), source.strip()
-    if not sep or not name or not source:
+def entry_problem(name: str, source: str, quantization: str | None = None) -> str | None:
+    """What keeps an entry from being a line of a model list file, or None: what the writer checks."""
+    return name_problem(name) or source_problem(source) or quantization_problem(quantization)
+
+
+@dataclass(frozen=True)
+class ListEntry:
+    name: str  # what clients send as `model`
+    source: str  # 'tiny', a Hugging Face directory or a .gguf file
+    quantization: str | None = None  # None: the server's --quantization
+
+    def line(self) -> str:
+        return f"{self.name}={self.source}" + (f" quantization={self.quantization}" if self.quantization else "")
+
+
+def parse_entry(text: str, where: str, *, relative_ok: bool = False) -> ListEntry:
+    """`NAME=SOURCE [quantization=VALUE]` → ListEntry; ValueError naming `where` and what to write instead."""
+    name, sep, rest = text.strip().partition("=")
+    name, rest = name.strip(), rest.strip()
+    if not sep or not name or not rest:
         raise ValueError(f"{where}: {text.strip()!r} is not NAME=SOURCE (both required); {_EXAMPLE}")
-    problem = name_problem(name) or source_problem(source, relative_ok=relative_ok)
+    source, quantization = rest, None
+    head, _, tail = rest.rpartition(" ")
+    if head and tail.startswith("quantization="):
+        source, quantization = head.strip(), tail.removeprefix("quantization=")
+    problem = name_problem(name) or source_problem(source, relative_ok=relative_ok) or quantization_problem(quantization)
     if problem is not None:
         raise ValueError(f"{where}: {problem}")
-    return name, source
+    return ListEntry(name, source, quantization)
 
 
-def parse_model_list(text: str, where: str) -> list[tuple[str, str]]:
+def parse_model_list(text: str, where: str) -> list[ListEntry]:
     """Every entry of a model list file, in order; ValueError naming the first bad line."""
     entries = []
     for number, line in enumerate(text.splitlines(), start=1):
@@ -79,13 +103,13 @@ def parse_model_list(text: str, where: str) -> list[tuple[str, str]]:
     return entries
 
 
-def format_model_list(entries: list[tuple[str, str]]) -> str:
-    """The file for `entries` (name, source), one line each; ValueError for an entry the server would
-    refuse (a writer checks `entry_problem` first)."""
+def format_model_list(entries: list[ListEntry]) -> str:
+    """The file for `entries`, one line each; ValueError for an entry the server would refuse (a writer checks
+    `entry_problem` first)."""
     lines = []
-    for name, source in entries:
-        problem = entry_problem(name, source)
+    for entry in entries:
+        problem = entry_problem(entry.name, entry.source, entry.quantization)
         if problem is not None:
             raise ValueError(problem)
-        lines.append(f"{name}={source}\n")
+        lines.append(entry.line() + "\n")
     return "".join(lines)

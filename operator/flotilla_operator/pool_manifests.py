@@ -136,6 +136,8 @@ def pool_server_args(spec: pool_types.ModelPoolSpec) -> list[str]:
     ]
     if server.max_model_len is not None:
         values.append(("--max-model-len", server.max_model_len))
+    if server.quantization is not None:
+        values.append(("--quantization", server.quantization))
     values += class_values(server)
     # a member whose files are not on the volume yet is skipped, not fatal: it must not stop the others' pods
     values += [("--model-list-file", f"{MEMBERS_DIR}/{MEMBERS_KEY}"), ("--unreadable-model-at-start", "skip"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from flotilla_contract.model_list import entry_problem, format_model_list
+from flotilla_contract.model_list import ListEntry, entry_problem, format_model_list
 
 from flotilla_operator.model_source import MODELS_DIR
 from flotilla_operator.placement import COST_FIRST
@@ -28,6 +28,7 @@ class Member:
     name: str  # the InferenceModel
     model: str  # the served model name clients send
     source: str  # what the pool's servers load: `tiny`, or a directory under /models
+    quantization: str | None = None  # the InferenceModel's spec.server.quantization; None: the pool's
 
 
 def joins_pool(spec: InferenceModelSpec) -> bool:
@@ -80,7 +81,7 @@ def members(models: Iterable[tuple[str, InferenceModelSpec]], pool_name: str, po
             continue
         source = member_source(spec, pool)
         if isinstance(source, str):
-            found.append(Member(name, spec.model.name, source))
+            found.append(Member(name, spec.model.name, source, spec.server.quantization))
     return sorted(found, key=lambda m: (m.model, m.name))
 
 
@@ -90,7 +91,7 @@ def members_file(found: Iterable[Member]) -> str:
 
     Two members serving the same model name: the first by InferenceModel name wins (one entry per name).
     """
-    sources: dict[str, str] = {}
+    entries: dict[str, ListEntry] = {}
     for member in found:
-        sources.setdefault(member.model, member.source)
-    return format_model_list(sorted(sources.items()))
+        entries.setdefault(member.model, ListEntry(member.model, member.source, member.quantization))
+    return format_model_list(sorted(entries.values(), key=lambda e: e.name))

@@ -56,7 +56,9 @@ name an older member holds is `Degraded` `ModelNameConflict` too; it keeps its o
 Service reaches, as in any dedicated conflict (docs/operator.md, "Status").
 
 **Membership restarts nothing.** The member list is the ConfigMap `NAME-pool-members` (key `models`, one
-`MODEL=SOURCE` a line, the syntax of `--model MODEL=SOURCE`), mounted as a directory at
+`MODEL=SOURCE` a line, the syntax of `--model MODEL=SOURCE`, plus ` quantization=VALUE` when the member's
+`spec.server.quantization` is set, so members held as GGUF blocks and dequantized ones share a pool; the
+pool's own `spec.server.quantization` is every other member's default), mounted as a directory at
 `/etc/flotilla/pool` and passed as `--model-list-file /etc/flotilla/pool/models`; the kubelet updates the
 file in place and the servers re-read it. The pod template never names a member, so adding or removing
 one changes the ConfigMap only. `--memory-budget` carries the budget per replica in bytes: `spec.memoryBudget`,

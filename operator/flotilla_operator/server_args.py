@@ -95,6 +95,8 @@ def render_server_args(spec: InferenceModelSpec, model_arg: str) -> list[str]:
         ("--dtype", dtype(spec)),
         ("--device", device(spec)),
     ]
+    if server.quantization is not None:
+        values.append(("--quantization", server.quantization))
     if server.gpu_memory_utilization is not None:
         values.append(("--gpu-memory-utilization", server.gpu_memory_utilization))
     if (kv_bytes := kv_cache_bytes(spec)) is not None:

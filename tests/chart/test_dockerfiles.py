@@ -69,6 +69,7 @@ def test_server_image_builds_the_native_kernel_into_the_installed_package_and_ch
     assert runtime.index("USER 65532") < runtime.index(check), "the check loads it as the server's user"
     assert "from flotilla_server.model import native_gemv" in check
     assert "assert n.gemv_one_row is not None" in check and "assert_close(n.gemv_one_row(x, w), x @ w.T" in check
+    assert "assert q.active_isa() != 'torch'" in check and "assert_close(q.quant_matmul(x, b, 2)" in check
 
 
 def third_party_imports(paths: list) -> set[str]:

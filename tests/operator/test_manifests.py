@@ -255,3 +255,12 @@ def test_desired_replicas_clamp_unless_scaling_is_disabled(replicas, low, high, 
                              "placement": {"policy": "cost-first"},
                              "scaling": {"minReplicas": low, "maxReplicas": high, "disabled": disabled}})
     assert desired_replicas(spec) == expected
+
+
+@pytest.mark.parametrize("quantization", [None, "none", "gguf"])
+def test_spec_server_quantization_reaches_the_server_and_parses(quantization):
+    obj = load_example(ROOT / "examples" / "tiny-cpu.yaml")
+    if quantization is not None:
+        obj["spec"].setdefault("server", {})["quantization"] = quantization
+    args = container(children(owner_of(obj))["Deployment"])["args"]
+    assert parse_settings(args, environ={}).quantization == quantization  # unset: the server picks by source

@@ -36,9 +36,12 @@ POOL = pool_types.parse_pool_spec({"volume": {"claimName": "models"}, "memoryBud
 IMAGE = types.DEFAULT_SERVER_IMAGE
 
 
-def model(source: dict[str, Any], policy: str = "cost-first", pool: str | None = "shared", name: str = "m"):
+def model(source: dict[str, Any], policy: str = "cost-first", pool: str | None = "shared", name: str = "m",
+          quantization: str | None = None):
     spec: dict[str, Any] = {"model": {"name": name, "source": source}, "placement": {"policy": policy},
                             "scaling": {"minReplicas": 0 if policy == "cost-first" else 1}}
+    if quantization is not None:
+        spec["server"] = {"quantization": quantization}
     if pool is not None:
         spec["pool"] = pool
     return types.parse_spec(spec)
@@ -128,6 +131,14 @@ def test_the_members_file_round_trips_through_the_servers_strict_parser(entries)
     for m in sorted(found, key=lambda m: m.name):
         first.setdefault(m.model, m.source)
     assert {s.name: s.source for s in parse_list(members_file(found), "models")} == first
+
+
+def test_each_member_line_carries_its_models_quantization_so_a_pool_may_mix_them():
+    models = [("a", model({"pvc": {"claimName": "models", "path": "a.Q4_1.gguf"}}, name="alpha")),
+              ("b", model({"pvc": {"claimName": "models", "path": "b.Q4_1.gguf"}}, name="beta", quantization="none"))]
+    text = members_file(members(models, "shared", POOL))
+    assert text == "alpha=/models/a.Q4_1.gguf\nbeta=/models/b.Q4_1.gguf quantization=none\n"
+    assert [(s.name, s.quantization) for s in parse_list(text, "models")] == [("alpha", None), ("beta", "none")]
 
 
 def owner(spec: pool_types.ModelPoolSpec = POOL) -> PoolOwner:

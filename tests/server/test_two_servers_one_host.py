@@ -27,6 +27,7 @@ from flotilla_server.engine.pool_sizing import SHARED_HOST_SOURCE, SLOTS_SOURCE
 
 from tests.server.http.server_process import ServerProcess, run_server
 from tests.server.model.gguf_reference import smollm2_gguf
+from tests.support.processes import descendants, pss_bytes
 
 # ~85 CPU-seconds of prefill (a fifth of the concurrent pass's CPU): `make bench` runs it (issue 41: long soaks
 # move there); the sizing rule itself is tested as a pure function in make test (engine/test_pool_sizing.py).
@@ -46,32 +47,6 @@ def mem_total_bytes() -> int:
         if line.startswith("MemTotal:"):
             return int(line.split()[1]) * 1024
     raise AssertionError("no MemTotal in /proc/meminfo")
-
-
-def descendants(root: int) -> list[int]:
-    """`root` and every process below it (the engine process, the forkserver and what it forked)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo += children.get(pid, [])
-    return found
-
-
-def pss_bytes(root: int) -> int:
-    total = 0
-    for pid in descendants(root):
-        with contextlib.suppress(OSError):  # a process that ended meanwhile holds nothing
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    total += int(line.split()[1]) * 1024
-    return total
 
 
 def chat(server: ServerProcess) -> str:

@@ -16,6 +16,7 @@ from flotilla_contract.flags import (
     DEFAULT_MAX_NUM_SEQS,
     DEFAULT_PREFILL_CHUNK,
     DTYPES,
+    QUANTIZATIONS,
 )
 
 
@@ -31,6 +32,7 @@ class EngineConfig:
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION  # share of device (CPU: container) memory
     max_model_len: int | None = None  # context limit; None: the model's, capped by what the pool holds
     dtype: str = "float32"
+    quantization: str | None = None  # how weights are held (flags.QUANTIZATIONS); None: by the source's kind
     device: str = "cpu"
     seed: int | None = None  # unseeded requests' sampling seed; None: a random one per process
     enable_prefix_caching: bool = True  # reuse the KV blocks of prompts' common prefixes
@@ -46,6 +48,8 @@ class EngineConfig:
     cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):

@@ -48,7 +48,7 @@ class EngineCore:
         on_gpu = config.device != "cpu"
         # host memory is read before the weights load, so that they are subtracted once
         host_bytes, host_limited = host_capacity() if not on_gpu else (0, False)  # also bounds an explicit pool
-        self.loaded = loaded or load_model(config.model, config.dtype, config.device)
+        self.loaded = loaded or load_model(config.model, config.dtype, config.device, config.quantization)
         mc = self.loaded.config
         dtype = torch_dtype(config.dtype)
         per_block = KVCacheTensors.bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, dtype)

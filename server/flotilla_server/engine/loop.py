@@ -80,6 +80,7 @@ class EngineLoop:
             max_model_len=self.core.max_model_len, num_slots=self.core.config.max_num_seqs,
             num_kv_blocks=self.core.pool.num_blocks, block_size=self.core.pool.block_size,
             description=loaded.description, is_demonstration=loaded.is_demonstration, pid=pid,
+            weight_bytes=loaded.model.weight_bytes(), quantization=loaded.model.quantization(),
         )
 
     def _on_step(self, record: StepRecord) -> None:

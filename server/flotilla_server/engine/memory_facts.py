@@ -51,8 +51,9 @@ def host_capacity() -> tuple[int, bool]:
 def weights_bytes(model: torch.nn.Module) -> int:
     """The parameters, and on CPU the packed copies of them that the matmuls keep (as large again for every
     projection: a float32 or bfloat16 model holds about twice its parameters)."""
-    packed = model.packed_copy_bytes() if isinstance(model, DecoderModel) else 0
-    return sum(p.numel() * p.element_size() for p in model.parameters()) + packed
+    if isinstance(model, DecoderModel):
+        return model.weight_bytes()
+    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 @torch.inference_mode()

@@ -85,6 +85,8 @@ class EngineInfo:
     description: str = ""
     is_demonstration: bool = False
     pid: int = 0  # the process running the engine loop
+    weight_bytes: int = 0  # every byte of weights held, packed copies included (DecoderModel.weight_bytes)
+    quantization: str = "none"  # how they are held: none, or gguf: and the block types (DecoderModel.quantization)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,8 @@ class StateSnapshot:
     waiting_by_class: dict[str, int] = field(default_factory=dict)
     running_by_class: dict[str, int] = field(default_factory=dict)
     preemptions_by_class: dict[str, int] = field(default_factory=dict)
+    weight_bytes: int = 0  # the model's weights as held; 0: not loaded (no series)
+    quantization: str = "none"
 
 
 class _StateCollector(Collector):
@@ -84,6 +86,12 @@ class _StateCollector(Collector):
                     s.requests_running)
         yield gauge(names.VLLM_KV_CACHE_USAGE, "Gateway API Inference Extension: KV-cache usage, in [0, 1].",
                     ratio)
+        if s.weight_bytes:
+            held = GaugeMetricFamily(names.MODEL_WEIGHT_BYTES, "Bytes of weights the model holds (packed copies "
+                                     "included), labelled with how they are held.",
+                                     labels=[names.MODEL_LABEL, names.QUANTIZATION_LABEL])
+            held.add_metric([self._model, s.quantization], s.weight_bytes)
+            yield held
         c = CounterMetricFamily(names.PREEMPTIONS, "Sequences preempted by recompute.", labels=[names.MODEL_LABEL])
         c.add_metric([self._model], s.preemptions)
         yield c

@@ -110,7 +110,8 @@ class PoolFront:
         state = build_state(s, handle.engine, ServedModel(
             name=handle.name, tokenizer=handle.tokenizer, vocab_size=handle.vocab_size,
             max_model_len=handle.max_model_len, description=handle.description,
-            is_demonstration=handle.is_demonstration))
+            is_demonstration=handle.is_demonstration, weight_bytes=handle.weight_bytes,
+            quantization=handle.quantization))
         state.metrics = self.metrics.for_model(handle.name, partial(self._snapshot, handle.name))
         state.draining = self._draining
         lane = self.lanes[handle.name] = Lane(handle, state, create_app(state, s.max_body_bytes))

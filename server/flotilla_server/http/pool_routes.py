@@ -32,6 +32,8 @@ def create_pool_app(front: PoolFront) -> FastAPI:
             lane = front.lanes.get(status.name)
             if lane is not None:
                 card["max_model_len"] = lane.state.max_model_len
+                card["weight_bytes"] = lane.state.model_weight_bytes
+                card["quantization"] = lane.state.model_quantization
                 if lane.state.model_description:
                     card["description"] = lane.state.model_description
             cards.append(card)

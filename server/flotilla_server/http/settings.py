@@ -49,6 +49,7 @@ class ServerSettings:
     drain_timeout_s: float = f.DEFAULT_DRAIN_TIMEOUT_S
     prefix_caching: str = "on"
     dtype: str = "float32"
+    quantization: str | None = None
     small_step_threads: int | None = None
     device: str = "cpu"
     cuda_graphs: str = "auto"
@@ -100,6 +101,8 @@ class ServerSettings:
         if self.unreadable_model_at_start not in f.UNREADABLE_AT_START:
             raise ValueError(f"--unreadable-model-at-start must be one of {', '.join(f.UNREADABLE_AT_START)}, "
                              f"got {self.unreadable_model_at_start!r}")
+        if self.quantization is not None and self.quantization not in f.QUANTIZATIONS:
+            raise ValueError(f"--quantization must be one of {', '.join(f.QUANTIZATIONS)}, got {self.quantization!r}")
         if self.prefix_caching not in f.PREFIX_CACHING:
             raise ValueError(f"--prefix-caching must be one of {', '.join(f.PREFIX_CACHING)}, got {self.prefix_caching!r}")
         if self.cuda_graphs not in f.CUDA_GRAPHS:
@@ -223,7 +226,7 @@ class ServerSettings:
             prefill_chunk=self.prefill_chunk, block_size=self.block_size, num_kv_blocks=self.num_kv_blocks,
             kv_cache_memory_bytes=kv_bytes, max_model_len=self.max_model_len,
             gpu_memory_utilization=self.gpu_memory_utilization,
-            dtype=self.dtype, device=self.device, enable_prefix_caching=self.prefix_caching == "on",
+            dtype=self.dtype, quantization=self.quantization, device=self.device, enable_prefix_caching=self.prefix_caching == "on",
             interactive_reserve_slots=self.reserve_slots, batch_max_preemptions=self.batch_max_preemptions,
             batch_prefill_tokens=self.batch_prefill_tokens, batch_share_slots=self.batch_share_slots,
             small_step_threads=self.small_step_threads, cuda_graphs=self.uses_cuda_graphs,

@@ -41,6 +41,8 @@ class ServedModel:
     max_model_len: int
     description: str = ""
     is_demonstration: bool = False
+    weight_bytes: int = 0  # the weights held, packed copies included
+    quantization: str = "none"  # how: none, or gguf: and the block types
 
 
 @dataclass(eq=False)
@@ -52,6 +54,8 @@ class ServerState:
     vocab_size: int
     admission: AdmissionQueue
     model_description: str = ""  # shown in /v1/models; says "DEMONSTRATION model" for tiny
+    model_weight_bytes: int = 0  # shown in /v1/models and as a gauge
+    model_quantization: str = "none"
     metrics: ServerMetrics = field(init=False)
     created_s: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False
@@ -103,6 +107,8 @@ class ServerState:
             kv_blocks_cached=s.kv_blocks_cached,
             prefix_cache_queries=s.prefix_cache_queries,
             prefix_cache_hits=s.prefix_cache_hits,
+            weight_bytes=self.model_weight_bytes,
+            quantization=self.model_quantization,
         )
 
     @property

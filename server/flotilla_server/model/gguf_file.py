@@ -79,8 +79,15 @@ class GGUFFile:
             block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(type_id)]
         except (ValueError, KeyError):  # an unknown type: the loader refuses it by name before reading data
             return TensorInfo(name, type_id, shape, np.empty(0, np.uint8))
+        if not shape or shape[-1] % block:
+            raise GGUFFormatError(f"{self.path}: tensor {name} has {shape[-1] if shape else 0} columns, not a multiple "
+                                  f"of its type's {block}-weight blocks: the file is damaged; download it again")
         row_bytes = shape[-1] // block * block_bytes
         rows = int(np.prod(shape[:-1], dtype=np.int64))
+        end = offset + rows * row_bytes
+        if end > len(self._map):  # checked before any kernel or dequantizer reads past the file's end
+            raise GGUFFormatError(f"{self.path}: tensor {name} ends at byte {end}, but the file has {len(self._map)}: "
+                                  "the file is cut short; download it again")
         data = np.frombuffer(self._map, np.uint8, rows * row_bytes, offset).reshape(*shape[:-1], row_bytes)
         return TensorInfo(name, type_id, shape, data)
 

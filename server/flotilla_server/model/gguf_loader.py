@@ -1,11 +1,15 @@
 """load_gguf: a llama.cpp `.gguf` file (Llama architecture) to a ready DecoderModel.
 
 GGUF is how llama.cpp and Ollama users hold their models: one file with the weights (often
-quantized), the config as `llama.*` metadata and the tokenizer as `tokenizer.ggml.*` metadata. The
-runtime computes in float32/bfloat16/float16 only, so every weight is dequantized once, at load, with
-the `gguf` package, then renamed to its Hugging Face name and handed to the same state-dict loader
-as a Hugging Face directory. Everything but the weights (the file's checks, its config and tokenizer) is
-gguf_meta.py's, torch-free, so that a multi-model server sizes and checks a GGUF without loading it.
+quantized), the config as `llama.*` metadata and the tokenizer as `tokenizer.ggml.*` metadata.
+
+With `quantization="gguf"` (the default for a GGUF on CPU) every projection and the token embedding whose
+type has a kernel (gguf_meta.BLOCK_KERNEL_TYPES) keep the file's blocks (quant_linear.py); the rest (the
+norms, and types without a kernel yet) are dequantized once, at load, with the `gguf` package, renamed to
+their Hugging Face names and handed to the same state-dict loader as a Hugging Face directory. With
+`quantization="none"`, and on a GPU, everything is dequantized that way. Everything but the weights (the
+file's checks, its config and tokenizer) is gguf_meta.py's, torch-free, so that a multi-model server sizes
+and checks a GGUF without loading it.
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from .config import ModelConfig, UnsupportedModelError
-from .gguf_file import GGUFModel
-from .gguf_meta import SUPPORTED_TYPES, is_gguf, read_gguf, served_name
+from .gguf_file import GGUFModel, TensorInfo
+from .gguf_meta import BLOCK_KERNEL_TYPES, PROJECTION_PARTS, SUPPORTED_TYPES, is_gguf, read_gguf, served_name
 from .llama import DecoderModel
+from .quant_linear import QuantizedEmbedding, QuantizedLinear
 from .tokenizer import Tokenizer
 
 __all__ = ["SUPPORTED_TYPES", "is_gguf", "load_gguf", "served_name"]
@@ -50,21 +55,76 @@ _LAYER_NAMES = {
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
-def load_gguf(path: Path, torch_type: torch.dtype, device: str) -> tuple[DecoderModel, Tokenizer, ModelConfig, str]:
+def load_gguf(path: Path, torch_type: torch.dtype, device: str,
+              quantization: str = "gguf") -> tuple[DecoderModel, Tokenizer, ModelConfig, str]:
     """(model, tokenizer, config, served name). Raises UnsupportedModelError naming what cannot be
     read: the architecture, a tensor type, the tokenizer or its pre-tokenizer."""
     gg, config, tokenizer = read_gguf(path)
 
     with torch.device("meta"):
         net = DecoderModel(config).to(torch_type)  # dtype on meta first: memory is taken once, in the final dtype
-    net = net.to_empty(device=device)
-    net.load_hf_state_dict(_hf_tensors(gg, config))
+    net = net.to_empty(device=device)  # not touched, so not resident, where blocks replace a weight below
+    kept: set[str] = set()
+    if quantization == "gguf" and device != "cpu":
+        log.info("%s: GGUF blocks are dequantized to %s on %s (the block kernels are CPU kernels)",
+                 path.name, str(torch_type).removeprefix("torch."), device)
+    elif quantization == "gguf":
+        kept = keep_blocks(net, gg, config, torch_type)
+    net.load_hf_state_dict(_hf_tensors(gg, config, skip=kept))
     return net.eval(), tokenizer, config, served_name(path)
 
 
-def _hf_tensors(gg: GGUFModel, config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    """(Hugging Face name, float32 CPU tensor), dequantized one at a time."""
+def keep_blocks(net: DecoderModel, gg: GGUFModel, config: ModelConfig, torch_type: torch.dtype) -> set[str]:
+    """Swaps in quantized modules for every projection (all its parts of a type with a kernel) and for the
+    embedding (and head) of such a type; returns the GGUF tensor names they hold."""
+    by_name = {t.name: t for t in gg.tensors}
+    kept: set[str] = set()
+    dequantized = sorted({t.type_name for t in gg.tensors if len(t.shape) == 2 and t.type_id not in BLOCK_KERNEL_TYPES})
+    if dequantized:
+        log.info("%s: tensors of type %s are dequantized to %s at load (no block kernel for them yet)",
+                 gg.path.name, ", ".join(dequantized), str(torch_type).removeprefix("torch."))
+    embedding = by_name["token_embd.weight"]
+    if embedding.type_id in BLOCK_KERNEL_TYPES:
+        net.embed_tokens = QuantizedEmbedding(_blocks(embedding), embedding.type_id, config.hidden_size, torch_type)
+        kept.add(embedding.name)
+    head = by_name.get("output.weight")
+    if head is not None and net.lm_head is not None and head.type_id in BLOCK_KERNEL_TYPES:
+        net.lm_head = QuantizedLinear(config.hidden_size, [(_blocks(head), head.type_id)], dtype=torch_type)
+        kept.add(head.name)
+    for i, layer in enumerate(net.layers):
+        for target, parts in PROJECTION_PARTS.items():
+            tensors = [by_name[f"blk.{i}.{part}.weight"] for part in parts]
+            if any(t.type_id not in BLOCK_KERNEL_TYPES for t in tensors):
+                continue
+            owner_name, attr = target.split(".")
+            owner = getattr(layer, owner_name)
+            dense = getattr(owner, attr)
+            blocks = [(_blocks(t, _heads_of(t.name, config)), t.type_id) for t in tensors]
+            bias = None if dense.bias is None else torch.empty_like(dense.bias, device="cpu")  # the state dict fills it
+            setattr(owner, attr, QuantizedLinear(dense.in_features, blocks, bias, torch_type))
+            kept.update(t.name for t in tensors)
+    return kept
+
+
+def _heads_of(name: str, config: ModelConfig) -> int | None:
+    """The head count whose rows llama.cpp permuted in this tensor (Q and K), else None."""
+    part = name.split(".")[-2]
+    return {"attn_q": config.num_heads, "attn_k": config.num_kv_heads}.get(part)
+
+
+def _blocks(t: TensorInfo, permuted_heads: int | None = None) -> torch.Tensor:
+    """The tensor's blocks as a uint8 [rows, bytes per row] copy (the file is mapped read-only), Q/K rows
+    put back in the runtime's order."""
+    data = t.data if permuted_heads is None else _unpermute(t.data, permuted_heads)
+    return torch.from_numpy(np.array(data, order="C"))  # one copy, in the runtime's row order
+
+
+def _hf_tensors(gg: GGUFModel, config: ModelConfig, skip: set[str] = frozenset()) -> Iterator[tuple[str, torch.Tensor]]:
+    """(Hugging Face name, float32 CPU tensor), dequantized one at a time; the GGUF names in `skip` are held
+    as blocks already."""
     for t in gg.tensors:
+        if t.name in skip:
+            continue
         name = _hf_name(t.name)
         weights = dequantize(t.data, GGMLQuantizationType(t.type_id))  # numpy order: (out_features, in_features)
         if name.endswith(("q_proj.weight", "q_proj.bias")):

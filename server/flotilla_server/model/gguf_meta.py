@@ -22,6 +22,13 @@ from .tokenizer import Tokenizer
 
 T = GGMLQuantizationType
 SUPPORTED_TYPES = frozenset({T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K})
+# the types `--quantization gguf` keeps in their blocks on CPU (model/quant_blocks.py has their kernels);
+# the others are dequantized at load
+BLOCK_KERNEL_TYPES = frozenset({T.Q8_0, T.Q4_0, T.Q4_1})
+# the runtime's projections (model/llama.py) and the GGUF tensors of their parts, in output order: a
+# projection keeps blocks only when every part's type has a kernel
+PROJECTION_PARTS = {"self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"), "mlp.gate_up_proj": ("ffn_gate", "ffn_up"),
+                    "self_attn.o_proj": ("attn_output",), "mlp.down_proj": ("ffn_down",)}
 SUPPORTED_ARCHITECTURES = ("llama",)
 # file-name suffixes that name a quantization, not the model (SmolLM2-135M-Instruct.Q4_1.gguf)
 _QUANT_SUFFIX = re.compile(r"[.-](f32|f16|bf16|q\d\w*|iq\d\w*)$", re.IGNORECASE)

@@ -13,12 +13,14 @@ from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
+from gguf import GGMLQuantizationType
 from torch import nn
 
 from .attention import AttentionBatch, paged_attention
 from .config import ModelConfig
 from .kv_tensors import KVCacheTensors
 from .linear import Linear, PackedWeight, linear, packs
+from .quant_linear import QuantizedEmbedding, QuantizedLinear
 from .rope import inverse_frequencies, rope_cos_sin
 
 
@@ -116,8 +118,13 @@ class DecoderModel(nn.Module):
         self._inv_freq: torch.Tensor | None = None  # float32, moved lazily to the weights' device
         self._logits_weight = PackedWeight()  # the head's packed weight (the embedding's when tied)
 
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The activations' and KV cache's dtype (`--dtype`): the norms', which are never quantized."""
+        return self.norm.weight.dtype
+
     def _inverse_frequencies(self) -> torch.Tensor:
-        device = self.embed_tokens.weight.device
+        device = self.norm.weight.device
         if self._inv_freq is None or self._inv_freq.device != device:
             cfg = self.config
             self._inv_freq = inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
@@ -132,7 +139,7 @@ class DecoderModel(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions: [T] for the step's flat tokens. Returns the final-norm hidden states
         [T, hidden]; pick the rows to sample and pass them to `compute_logits`."""
-        cos, sin = rope_cos_sin(positions, self._inverse_frequencies(), self.embed_tokens.weight.dtype)
+        cos, sin = rope_cos_sin(positions, self._inverse_frequencies(), self.compute_dtype)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, head_dim], broadcast over heads
         h = self.embed_tokens(input_ids)
         for i, layer in enumerate(self.layers):
@@ -142,6 +149,10 @@ class DecoderModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, hidden] rows of `forward`'s output. Returns float32 logits [N, vocab]."""
+        if self.lm_head is None and isinstance(self.embed_tokens, QuantizedEmbedding):
+            return self.embed_tokens.logits(hidden)
+        if isinstance(self.lm_head, QuantizedLinear):
+            return self.lm_head(hidden).float()
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return linear(hidden, weight, None, self._logits_weight).float()
 
@@ -149,9 +160,24 @@ class DecoderModel(nn.Module):
         """Memory of the packed copies the CPU matmul paths keep beside the weights (model/linear.py): every
         projection's and the head's (`_logits_weight` packs the embedding when the head is tied)."""
         weights = [m.weight for m in self.modules() if isinstance(m, Linear)]
-        if self.lm_head is None:
+        if self.lm_head is None and isinstance(self.embed_tokens, nn.Embedding):
             weights.append(self.embed_tokens.weight)
         return sum(w.numel() * w.element_size() for w in weights if packs(w))
+
+    def weight_bytes(self) -> int:
+        """Every byte of weights the model holds: its parameters, the blocks of its quantized modules and,
+        on CPU, the packed copies the matmuls keep (what the KV pool's sizing and the model cache count)."""
+        params = sum(p.numel() * p.element_size() for p in self.parameters())
+        blocks = sum(b.numel() * b.element_size() for m in self.modules()
+                     if isinstance(m, (QuantizedLinear, QuantizedEmbedding)) for b in m.buffers(recurse=False))
+        return params + blocks + self.packed_copy_bytes()
+
+    def quantization(self) -> str:
+        """What the weights are held as: `none` (all in the model dtype), or `gguf:` and the block types
+        of the quantized projections and embedding, by name (`gguf:Q4_1+Q8_0`)."""
+        types = {t for m in self.modules() if isinstance(m, QuantizedLinear) for t in m.qtypes}
+        types |= {m.qtype for m in self.modules() if isinstance(m, QuantizedEmbedding)}
+        return "gguf:" + "+".join(sorted(GGMLQuantizationType(t).name for t in types)) if types else "none"
 
     def load_hf_state_dict(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies Hugging Face-named weights (`model.layers.0.self_attn.q_proj.weight`, ...) into the

@@ -21,7 +21,7 @@ from safetensors import safe_open
 from .config import ModelConfig
 from .gguf_loader import is_gguf, load_gguf
 from .llama import DecoderModel
-from .source import hf_config, neither_message
+from .source import hf_config, neither_message, resolve_quantization
 from .tiny import TINY_CONFIG, TINY_DESCRIPTION, TINY_NAME, build_tiny_model, build_tiny_tokenizer
 from .tokenizer import Tokenizer
 
@@ -46,10 +46,12 @@ def torch_dtype(dtype: str) -> torch.dtype:
     return TORCH_DTYPES[dtype]
 
 
-def load_model(model: str, dtype: str = "float32", device: str = "cpu") -> LoadedModel:
-    """`model` is "tiny", a path to a Hugging Face directory or to a `.gguf` file. Raises
+def load_model(model: str, dtype: str = "float32", device: str = "cpu", quantization: str | None = None) -> LoadedModel:
+    """`model` is "tiny", a path to a Hugging Face directory or to a `.gguf` file; `quantization` one of
+    flags.QUANTIZATIONS, None for the source's default (source.resolve_quantization). Raises
     FileNotFoundError or ValueError with what to change."""
     torch_type = torch_dtype(dtype)
+    quantization = resolve_quantization(model, quantization)
     if model == TINY_NAME:
         log.warning("%s", TINY_DESCRIPTION)
         return LoadedModel(
@@ -58,9 +60,12 @@ def load_model(model: str, dtype: str = "float32", device: str = "cpu") -> Loade
         )
     path = Path(model)
     if is_gguf(model):
-        net, tokenizer, config, name = load_gguf(path, torch_type, device)
-        log.info("loaded %s (GGUF %s, %d layers) as %s on %s", path, config.model_type, config.num_layers, dtype, device)
-        return LoadedModel(net, tokenizer, config, name, f"{config.model_type} model from {path.name}, dequantized")
+        net, tokenizer, config, name = load_gguf(path, torch_type, device, quantization)
+        held = net.quantization()
+        log.info("loaded %s (GGUF %s, %d layers) as %s on %s, weights held as %s: %.1f MiB", path, config.model_type,
+                 config.num_layers, dtype, device, held, net.weight_bytes() / 2**20)
+        how = "dequantized" if held == "none" else f"blocks kept ({held.removeprefix('gguf:')})"
+        return LoadedModel(net, tokenizer, config, name, f"{config.model_type} model from {path.name}, {how}")
     if not path.is_dir():
         raise FileNotFoundError(neither_message(model))
     config = hf_config(path)

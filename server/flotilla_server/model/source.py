@@ -16,10 +16,13 @@ Rules:
 from __future__ import annotations
 
 import json
+import math
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 from .config import ModelConfig
+from .gguf_file import GGUFFile
 from .gguf_meta import is_gguf, read_gguf
 
 TINY_NAME = "tiny"
@@ -28,6 +31,31 @@ TINY_NAME = "tiny"
 def neither_message(source: str) -> str:
     return (f"model {source!r} is neither 'tiny', a directory nor a .gguf file: pass --model tiny, the path "
             "of a Hugging Face model directory (config.json, *.safetensors, tokenizer.json) or of a .gguf file")
+
+
+@dataclass(frozen=True)
+class HeldTensor:
+    """One GGUF tensor as the footprint sees it: its type, its weights and its bytes in the file."""
+
+    type_id: int
+    numel: int
+    nbytes: int
+
+
+def gguf_tensors(source: str) -> dict[str, HeldTensor]:
+    """A GGUF file's tensors by name, from its index (no weights read)."""
+    return {t.name: HeldTensor(t.type_id, math.prod(t.shape), t.data.nbytes) for t in GGUFFile(Path(source)).tensors}
+
+
+def resolve_quantization(source: str, requested: str | None) -> str:
+    """How `source`'s weights are held (flags.QUANTIZATIONS): `requested`, or by default `gguf` for a .gguf
+    file and `none` otherwise; ValueError for a combination that cannot be, saying what to pass."""
+    if requested is None:
+        return "gguf" if is_gguf(source) else "none"
+    if requested == "gguf" and not is_gguf(source):
+        raise ValueError(f"quantization gguf keeps a .gguf file's blocks, and {source!r} is not a .gguf file: "
+                         "leave --quantization unset or pass none")
+    return requested
 
 
 def hf_config(path: Path) -> ModelConfig:

@@ -81,7 +81,7 @@ class ModelCache:
         footprints, skipped = {}, []
         for spec in new:  # outside the lock: a GGUF's metadata takes a tenth of a second to read
             try:
-                footprints[spec.name] = self.engines.footprint_bytes(spec.source)
+                footprints[spec.name] = self.engines.footprint_bytes(spec.source, spec.quantization)
             except (ValueError, OSError) as e:  # this entry is not served; the others are
                 skipped.append(Skipped(spec.name, spec.source, str(e)))
         refused = {s.name for s in skipped}
@@ -286,7 +286,7 @@ class ModelCache:
         log.info("loading model %s from %s", name, entry.spec.source)
         start_s = time.monotonic()
         try:
-            handle = self.engines.load(name, entry.spec.source, self._models_at_once())
+            handle = self.engines.load(name, entry.spec.source, self._models_at_once(), entry.spec.quantization)
         except Exception as e:  # a broken model must fail its requests, never the worker
             log.exception("model %s failed to load", name)
             with self._cond:

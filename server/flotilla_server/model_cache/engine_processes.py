@@ -24,9 +24,14 @@ from dataclasses import replace
 from flotilla_server.engine.config import EngineConfig
 from flotilla_server.engine.cpu_quota import usable_cpus
 from flotilla_server.engine.messages import EngineOptions
-from flotilla_server.model.source import source_config
+from flotilla_server.model.source import gguf_tensors, resolve_quantization, source_config
 from flotilla_server.model_cache.engines import ModelEngine
-from flotilla_server.model_cache.footprint import DTYPE_BYTES, kv_block_bytes, model_bytes, parameter_count
+from flotilla_server.model_cache.footprint import (
+    dense_weight_bytes,
+    gguf_weight_bytes,
+    kv_block_bytes,
+    model_bytes,
+)
 from flotilla_server.model_cache.threads import engine_threads, small_step_threads, threads_for_engines
 
 # A load's CPU weight against a resident engine's: nice 10 is 110 against 1024 (Linux CFS), so a core that
@@ -59,20 +64,24 @@ class EngineProcesses:
     def close(self) -> None:
         """Nothing shared to stop: each unload stopped its engine."""
 
-    def footprint_bytes(self, source: str) -> int:
+    def footprint_bytes(self, source: str, quantization: str | None = None) -> int:
         """Weights (from the config the loader would read: config.json, or a GGUF's metadata) plus the fixed
         KV pool; ValueError, saying what to pass, for a source the loader would refuse before its weights."""
         c = self.config
-        return model_bytes(source_config(source), c.dtype, c.block_size, c.num_kv_blocks,
-                           c.kv_cache_memory_bytes or 0)
+        model = source_config(source)
+        if resolve_quantization(source, quantization or c.quantization) == "gguf":
+            weights = gguf_weight_bytes(model, gguf_tensors(source), c.dtype, c.device)
+        else:
+            weights = dense_weight_bytes(model, c.dtype, c.device)
+        return model_bytes(model, weights, c.dtype, c.block_size, c.num_kv_blocks, c.kv_cache_memory_bytes or 0)
 
-    def load(self, name: str, source: str, models_at_once: int = 1) -> ModelEngine:
+    def load(self, name: str, source: str, models_at_once: int = 1, quantization: str | None = None) -> ModelEngine:
         from flotilla_server.engine.client import EngineStartError
         from flotilla_server.engine.factory import make_engine
 
         model_config = source_config(source)  # ValueError on an unusable source, before a process starts
         share = engine_threads(self.cpu_threads, models_at_once)
-        config = replace(self.config, model=source,
+        config = replace(self.config, model=source, quantization=quantization or self.config.quantization,
                          small_step_threads=small_step_threads(share, self.config.small_step_threads))
         if self.mode == "process":
             options = replace(self.options, load_nice=LOAD_NICE, load_threads=LOAD_THREADS, num_threads=share)
@@ -83,12 +92,12 @@ class EngineProcesses:
             info = engine.start()
         except EngineStartError as e:
             raise ValueError(str(e)) from None
-        weights = parameter_count(model_config) * DTYPE_BYTES[config.dtype]
         kv = info.num_kv_blocks * kv_block_bytes(model_config, info.block_size, config.dtype)
         return ModelEngine(name=name, source=source, engine=engine, tokenizer=info.tokenizer,
                            vocab_size=info.vocab_size, max_model_len=info.max_model_len,
-                           memory_bytes=weights + kv, description=info.description,
-                           is_demonstration=info.is_demonstration)
+                           memory_bytes=info.weight_bytes + kv, description=info.description,
+                           is_demonstration=info.is_demonstration, weight_bytes=info.weight_bytes,
+                           quantization=info.quantization)
 
     def unload(self, handle: ModelEngine) -> None:
         handle.engine.shutdown()  # process mode: the process exits and its memory goes with it

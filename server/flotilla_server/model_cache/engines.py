@@ -26,14 +26,17 @@ class ModelEngine:
     max_model_len: int
     memory_bytes: int  # weights and KV pool, as measured once loaded
     description: str = ""
+    weight_bytes: int = 0  # the weights' share of memory_bytes
+    quantization: str = "none"  # how the weights are held (engine/messages.EngineInfo)
     is_demonstration: bool = False
 
 
 class Engines(Protocol):
-    def footprint_bytes(self, source: str) -> int:
-        """Memory the model will hold once loaded, before loading it; ValueError if the source is unusable."""
+    def footprint_bytes(self, source: str, quantization: str | None = None) -> int:
+        """Memory the model will hold once loaded, before loading it; ValueError if the source is unusable.
+        `quantization`: how its weights are held (flags.QUANTIZATIONS); None: the engines' default."""
 
-    def load(self, name: str, source: str, models_at_once: int = 1) -> ModelEngine:
+    def load(self, name: str, source: str, models_at_once: int = 1, quantization: str | None = None) -> ModelEngine:
         """Load and start; runs on the cache's load worker, never on the event loop. `models_at_once`: how
         many models the budget can hold together (threads.most_resident), which share the CPU threads."""
 

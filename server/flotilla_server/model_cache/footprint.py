@@ -1,15 +1,26 @@
 """How much memory a model will hold once loaded, known before loading it: weights plus its fixed KV pool.
 
 The cache policy must decide before a load whether the model fits (and refuse at once one that never
-can), so the figure comes from the model's config, not from a load. Pure arithmetic, torch-free; a test
-checks it against the parameters of a loaded model.
+can), so the figure comes from the model's config and, for a GGUF, its tensor index, not from a load.
+Pure arithmetic, torch-free; tests check it against what loaded models hold (DecoderModel.weight_bytes).
+
+Rules (what the loader and model/linear.py do):
+- a weight in the model dtype costs its parameters; on CPU, a float32 or bfloat16 projection and the head
+  (the embedding, when tied) cost as much again for the packed copy the matmuls keep;
+- with `quantization="gguf"` on CPU, the embedding, the head and each projection whose every part is of a
+  block-kernel type cost their blocks' bytes, with no packed copy; the rest is dequantized to the dtype.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from flotilla_server.model.config import ModelConfig
+from flotilla_server.model.gguf_meta import BLOCK_KERNEL_TYPES, PROJECTION_PARTS
+from flotilla_server.model.source import HeldTensor
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+PACKED_DTYPES = ("float32", "bfloat16")  # on CPU these projections keep a packed copy (model/linear.py)
 
 
 def parameter_count(c: ModelConfig) -> int:
@@ -31,6 +42,43 @@ def parameter_count(c: ModelConfig) -> int:
     return embeddings + c.num_layers * per_layer + c.hidden_size + head
 
 
+def projection_weights(c: ModelConfig) -> int:
+    """The weights of every matmul: the projections and the head (the embedding's, when tied); no biases."""
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    per_layer = c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+    return c.num_layers * per_layer + c.vocab_size * c.hidden_size
+
+
+def dense_weight_bytes(c: ModelConfig, dtype: str, device: str) -> int:
+    """Every weight in `dtype`, with the packed copies on CPU."""
+    packed = projection_weights(c) if device == "cpu" and dtype in PACKED_DTYPES else 0
+    return (parameter_count(c) + packed) * DTYPE_BYTES[dtype]
+
+
+def gguf_weight_bytes(c: ModelConfig, tensors: Mapping[str, HeldTensor], dtype: str, device: str) -> int:
+    """A GGUF served with `quantization="gguf"`: the dense figure, less each weight that keeps its blocks
+    (and its packed copy), plus those blocks."""
+    total = dense_weight_bytes(c, dtype, device)
+    if device != "cpu":
+        return total
+    per_weight = DTYPE_BYTES[dtype] * (2 if dtype in PACKED_DTYPES else 1)  # itself and its packed copy
+
+    def swap(names: list[str], packed: bool = True) -> None:
+        nonlocal total
+        held = [tensors[n] for n in names]
+        if all(t.type_id in BLOCK_KERNEL_TYPES for t in held):
+            total += sum(t.nbytes - t.numel * (per_weight if packed else DTYPE_BYTES[dtype]) for t in held)
+
+    # the embedding is the head when tied: one set of blocks serves both, and no packed copy is kept
+    swap(["token_embd.weight"], packed=c.tie_word_embeddings)
+    if "output.weight" in tensors:
+        swap(["output.weight"])
+    for layer in range(c.num_layers):
+        for parts in PROJECTION_PARTS.values():
+            swap([f"blk.{layer}.{part}.weight" for part in parts])
+    return total
+
+
 def kv_block_bytes(c: ModelConfig, block_size: int, dtype: str) -> int:
     return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * DTYPE_BYTES[dtype]
 
@@ -43,8 +91,7 @@ def kv_pool_bytes(c: ModelConfig, block_size: int, dtype: str, num_kv_blocks: in
     return blocks * per_block
 
 
-def model_bytes(c: ModelConfig, dtype: str, block_size: int, num_kv_blocks: int | None,
+def model_bytes(c: ModelConfig, weight_bytes: int, dtype: str, block_size: int, num_kv_blocks: int | None,
                 kv_cache_memory_bytes: int) -> int:
-    """Weights plus KV pool: what the memory budget is charged for this model."""
-    return (parameter_count(c) * DTYPE_BYTES[dtype]
-            + kv_pool_bytes(c, block_size, dtype, num_kv_blocks, kv_cache_memory_bytes))
+    """Weights (`dense_weight_bytes` or `gguf_weight_bytes`) plus KV pool: what the memory budget is charged."""
+    return weight_bytes + kv_pool_bytes(c, block_size, dtype, num_kv_blocks, kv_cache_memory_bytes)

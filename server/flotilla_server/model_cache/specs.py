@@ -11,36 +11,45 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from flotilla_contract.model_list import parse_entry, parse_model_list
+from flotilla_contract.model_list import ListEntry, parse_entry, parse_model_list
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     name: str  # what clients send as `model`
     source: str  # 'tiny', a Hugging Face directory or a .gguf file
+    quantization: str | None = None  # how its weights are held; None: the server's --quantization
+
+
+def _spec(entry: ListEntry) -> ModelSpec:
+    return ModelSpec(entry.name, entry.source, entry.quantization)
 
 
 def parse_spec(text: str, where: str = "--model") -> ModelSpec:
     """A `--model NAME=SOURCE` flag → ModelSpec (SOURCE may be relative, as in single-model mode); raises
     ValueError saying what to write instead."""
-    return ModelSpec(*parse_entry(text, where, relative_ok=True))
+    return _spec(parse_entry(text, where, relative_ok=True))
 
 
 def parse_list(text: str, where: str) -> tuple[ModelSpec, ...]:
     """A model list file, strictly (flotilla_contract.model_list): a bad line refuses the whole file."""
-    return merge([ModelSpec(name, source) for name, source in parse_model_list(text, where)])
+    return merge([_spec(entry) for entry in parse_model_list(text, where)])
 
 
 def merge(*groups: list[ModelSpec] | tuple[ModelSpec, ...]) -> tuple[ModelSpec, ...]:
-    """Join lists of specs; a name given twice must name the same source."""
+    """Join lists of specs; a name given twice must name the same source (and quantization)."""
     by_name: dict[str, ModelSpec] = {}
     for group in groups:
         for spec in group:
             seen = by_name.setdefault(spec.name, spec)
-            if seen.source != spec.source:
-                raise ValueError(f"model {spec.name!r} is given twice, as {seen.source!r} and {spec.source!r}: "
+            if seen != spec:
+                raise ValueError(f"model {spec.name!r} is given twice, as {_said(seen)!r} and {_said(spec)!r}: "
                                  "give each name once")
     return tuple(by_name.values())
+
+
+def _said(spec: ModelSpec) -> str:
+    return ListEntry(spec.name, spec.source, spec.quantization).line().partition("=")[2]
 
 
 class ModelListFile:

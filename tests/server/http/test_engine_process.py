@@ -110,3 +110,15 @@ def test_an_impossible_max_model_len_is_refused_naming_the_flag(tmp_path) -> Non
     assert "Traceback" not in done.stderr
 
 
+
+
+@pytest.mark.parametrize(("model", "expected"), [
+    ("tiny", "error: --quantization gguf keeps a .gguf file's blocks, and 'tiny' is not a .gguf file"),
+    ("/nowhere/m.Q4_1.gguf", "error: GGUF file /nowhere/m.Q4_1.gguf not found"),
+])
+def test_a_quantization_the_model_cannot_take_exits_2_in_one_line(model, expected) -> None:
+    cmd = [sys.executable, "-m", "flotilla_server.cli", "--model", model, "--quantization", "gguf",
+           "--port", str(free_port())]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 2 and expected in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr

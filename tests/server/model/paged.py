@@ -35,7 +35,7 @@ def paged_greedy(
 ) -> list[list[int]]:
     """Greedy continuations (max_new_tokens each, EOS ignored) of every prompt."""
     cfg = model.config
-    w = model.embed_tokens.weight
+    w = model.norm.weight  # the compute dtype and device (the embedding may be quantized)
     kv = KVCacheTensors.allocate(cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim,
                                  w.dtype, w.device)
     free = list(range(num_blocks - 1, -1, -1))

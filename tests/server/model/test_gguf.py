@@ -89,3 +89,27 @@ def test_tokenizer_and_template_come_from_the_metadata(tmp_path):
     assert tok.token_to_id("Ġthe") in ids  # merges applied
     assert tok.encode("12", add_special_tokens=False) == [tok.token_to_id("1"), tok.token_to_id("2")]
     assert tok.eos_token_ids == {SPECIAL.index("<|im_end|>")}
+
+
+@pytest.mark.parametrize("cut", ["tail", "shape"])
+def test_a_file_shorter_than_its_tensors_is_refused_before_any_kernel_reads_it(tmp_path, cut):
+    path = write_llama_gguf(tmp_path / "m.gguf", T.Q4_1)
+    data = path.read_bytes()
+    if cut == "tail":  # a download cut short
+        path.write_bytes(data[:-1000])
+    else:  # a tensor whose shape says more rows than its data holds: the last one, made 4 rows longer
+        from flotilla_server.model.gguf_file import GGUFFile
+
+        last = GGUFFile(path).tensors[-1]
+        dims = b"".join(n.to_bytes(8, "little") for n in reversed(last.shape))
+        grown = b"".join(n.to_bytes(8, "little") for n in reversed((last.shape[0] + 4, *last.shape[1:])))
+        assert data.count(dims) >= 1
+        at = data.rindex(last.name.encode()) + len(last.name) + 4  # after the name and the dimension count
+        path.write_bytes(data[:at] + data[at:].replace(dims, grown, 1))
+    with pytest.raises(ValueError, match=r"ends at byte \d+, but the file has \d+: the file is cut short"):
+        load_model(str(path))
+
+
+def test_quantization_gguf_needs_a_gguf_file(hf_model_dir):
+    with pytest.raises(ValueError, match=r"quantization gguf keeps a \.gguf file's blocks, and .* is not a \.gguf file"):
+        load_model(str(hf_model_dir("llama-gqa")), quantization="gguf")

@@ -12,7 +12,7 @@ import pytest
 from flotilla_server.engine.config import EngineConfig
 from flotilla_server.model import load_model
 from flotilla_server.model_cache.engine_processes import EngineProcesses
-from flotilla_server.model_cache.footprint import kv_block_bytes, parameter_count
+from flotilla_server.model_cache.footprint import dense_weight_bytes, kv_block_bytes, parameter_count
 
 from tests.server.model.gguf_files import T, write_llama_gguf
 from tests.support.hf_models import make_hf_model_dir
@@ -26,6 +26,7 @@ def test_parameter_count_equals_the_loaded_models(arch, overrides, tmp_path):
     path = make_hf_model_dir(arch, tmp_path / arch, **overrides)
     loaded = load_model(str(path), "float32", "cpu")
     assert parameter_count(loaded.config) == sum(p.numel() for p in loaded.model.parameters())
+    assert dense_weight_bytes(loaded.config, "float32", "cpu") == loaded.model.weight_bytes()
 
 
 def test_loaded_memory_is_the_predicted_footprint_and_unloading_ends_the_engine_process():
@@ -62,15 +63,19 @@ def test_an_unreadable_source_says_what_to_give(tmp_path):
         engines.footprint_bytes(str(tmp_path / "empty"))
 
 
-@pytest.mark.parametrize("tensor_type", [T.F32, T.Q4_1], ids=lambda t: t.name)
-def test_a_gguf_is_sized_from_its_metadata_as_the_loaded_model_holds_it(tmp_path, tensor_type):
-    """Dequantized at load: a Q4_1 file costs its parameters in --dtype, whatever its size on disk."""
+@pytest.mark.parametrize("quantization", [None, "none", "gguf"])
+@pytest.mark.parametrize("tensor_type", [T.F32, T.Q4_1, T.Q8_0, T.Q6_K], ids=lambda t: t.name)
+def test_a_gguf_is_sized_from_its_metadata_as_the_loaded_model_holds_it(tmp_path, tensor_type, quantization):
+    """Blocks kept (Q4_1, Q8_0 under gguf, the default) cost their bytes; weights dequantized at load (F32, Q6_K
+    until it has a kernel, everything under none) cost their parameters in --dtype and, on CPU, a packed copy
+    of every matmul weight."""
     path = write_llama_gguf(tmp_path / "m.gguf", tensor_type)
-    engines = EngineProcesses(EngineConfig(kv_cache_memory_bytes=2**20, dtype="float32"))
-    loaded = load_model(str(path), "float32", "cpu")
-    weights = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    engines = EngineProcesses(EngineConfig(kv_cache_memory_bytes=2**20, dtype="float32", quantization=quantization))
+    loaded = load_model(str(path), "float32", "cpu", quantization)
     kv = 2**20 // kv_block_bytes(loaded.config, 16, "float32") * kv_block_bytes(loaded.config, 16, "float32")
-    assert engines.footprint_bytes(str(path)) == weights + kv
+    assert engines.footprint_bytes(str(path)) == loaded.model.weight_bytes() + kv
+    kept = quantization != "none" and tensor_type in (T.Q4_1, T.Q8_0)
+    assert loaded.model.quantization() == (f"gguf:{tensor_type.name}" if kept else "none")
 
 
 @pytest.mark.parametrize(("make", "message"), [

@@ -15,6 +15,8 @@ from flotilla_server.model_cache.specs import ModelListFile, ModelSpec, merge, p
     ("tiny=tiny", ModelSpec("tiny", "tiny")),
     (" llama = /models/llama-3 ", ModelSpec("llama", "/models/llama-3")),
     ("org/model:v1=/m=odd", ModelSpec("org/model:v1", "/m=odd")),  # the first '=' splits
+    ("smol=/m/smol.gguf quantization=none", ModelSpec("smol", "/m/smol.gguf", "none")),  # over --quantization
+    ("smol = /m/smol.gguf  quantization=gguf", ModelSpec("smol", "/m/smol.gguf", "gguf")),
 ])
 def test_parse_spec(text, spec):
     assert parse_spec(text) == spec
@@ -25,7 +27,10 @@ def test_parse_spec(text, spec):
     ("a=", "is not NAME=SOURCE"),
     ("=tiny", "is not NAME=SOURCE"),
     ("two words=tiny", "must start with a letter or digit"),
-    ("a=/m/a dtype=bfloat16", "'dtype=bfloat16' follows source '/m/a': an entry has two fields"),
+    ("a=/m/a dtype=bfloat16", "'dtype=bfloat16' follows source '/m/a': an entry is NAME=SOURCE, then at most "
+                              "quantization=VALUE"),
+    ("a=/m/a quantization=int4", "quantization 'int4' is not one of none, gguf"),
+    ("a=/m/a quantization=none quantization=gguf", "'quantization=none' follows source '/m/a'"),
 ])
 def test_parse_spec_says_what_to_write(text, message):
     with pytest.raises(ValueError, match=message):
@@ -57,6 +62,7 @@ def test_list_skips_comments_and_blank_lines_and_names_the_bad_line():
     ("=/m/a\n", "'=/m/a' is not NAME=SOURCE"),
     ("tiny\n", "'tiny' is not NAME=SOURCE"),  # never read as tiny=tiny
     ("a=tiny\na=/m/a\n", "'a' is given twice"),
+    ("a=/m/a.gguf\na=/m/a.gguf quantization=none\n", "'a' is given twice, as '/m/a.gguf' and '/m/a.gguf quantization=none'"),
 ])
 def test_the_list_file_is_parsed_strictly_and_refused_whole(text, message):
     with pytest.raises(ValueError, match=re.escape(message)):

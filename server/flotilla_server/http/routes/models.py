@@ -15,6 +15,7 @@ async def list_models(state: State) -> dict:
     card = {
         "id": state.served_model_name, "object": "model", "created": state.created_s, "owned_by": "flotilla",
         "max_model_len": state.max_model_len,
+        "weight_bytes": state.model_weight_bytes, "quantization": state.model_quantization,
     }
     if state.model_description:
         card["description"] = state.model_description

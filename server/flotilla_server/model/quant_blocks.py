@@ -1,0 +1,130 @@
+"""Products with weights kept in llama.cpp's GGUF blocks (Q8_0, Q4_0, Q4_1), as uint8 tensors [rows, bytes per
+row] of the file's bytes.
+
+Why: a decode step at batch 1 reads every weight once, so its speed is the bytes it reads, and a pool's memory
+budget is the bytes each model holds; a Q8_0 weight is 8.5 bits, Q4_1 5, Q4_0 4.5, its float32 copy 32.
+
+- `quant_matmul(x, blocks, qtype)`: x @ dequantize(blocks).T in float32, by the native kernel
+  (model/kernels/quant_matmul.cpp) when the kernels are built, else by a torch fallback that decodes about
+  1 MiB of weights at a time and multiplies each tile with F.linear (the whole float matrix is never held).
+  The native kernel's default decodes each block of weights to float32 in registers and multiplies x as it
+  is: exact up to float rounding, like the fallback. FLOTILLA_KERNEL_ACTIVATIONS=int8 (read at load) makes
+  it round the activations to int8 per 32 and take integer dot products instead, as llama.cpp does: faster
+  at batch 1 where the float path is bound by instructions (a Q8_0 head: about 1.6x), but SmolLM2-135M's
+  Q4_1 file then agrees with its dequantized weights on the top-1 token at only 94-95 % of positions, where
+  the project asks for 98 % (tests/server/model/test_quantized_accuracy.py);
+- `dequantize_rows(blocks, qtype)`: the rows in float, equal to `gguf.quants.dequantize`: an embedding
+  lookup decodes only the rows it reads;
+- `active_isa()` / `force_isa(name)`: the native kernel's instruction set (FLOTILLA_KERNEL_ISA sets it at
+  load), for comparisons; "torch" where the fallback runs;
+- `active_activations()` / `force_activations(name)`: the native kernel's activations, "float" or "int8"
+  (FLOTILLA_KERNEL_ACTIVATIONS sets it at load), for tests and benchmarks; "torch" where the fallback runs.
+
+Block layouts (llama.cpp's ggml-common.h; each block is 32 consecutive weights of a row, little-endian):
+  Q8_0, 34 bytes: fp16 d, int8 q[32];          w = d * q
+  Q4_0, 18 bytes: fp16 d, uint8 qs[16];        w = d * (nibble - 8)
+  Q4_1, 20 bytes: fp16 d, fp16 m, uint8 qs[16]; w = d * nibble + m
+  (weight i < 16 is the low nibble of qs[i], weight i + 16 its high nibble)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+
+from .native_gemv import native_op
+
+Q8_0, Q4_0, Q4_1 = GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1
+BLOCK_WEIGHTS = 32
+BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20}
+NATIVE_TYPES = frozenset(BLOCK_BYTES)
+# float32 bytes of weights the fallback decodes at a time (its temporaries are a few times that)
+FALLBACK_TILE_BYTES = 1 << 20
+
+_quant_matmul = native_op("quant_matmul")
+_kernel_isa = native_op("kernel_isa")
+_kernel_activations = native_op("kernel_activations")
+
+
+def _block_bytes(qtype: int) -> int:
+    try:
+        return BLOCK_BYTES[GGMLQuantizationType(qtype)]
+    except (KeyError, ValueError):
+        names = ", ".join(f"{t.name} ({t.value})" for t in BLOCK_BYTES)
+        raise ValueError(f"GGML type {qtype} has no block kernel here: only {names}") from None
+
+
+def _halves(raw: torch.Tensor, at: int) -> torch.Tensor:
+    """The fp16 at byte `at` of each block of raw [rows, blocks, block bytes], as float32 [rows, blocks, 1]."""
+    return raw[..., at:at + 2].contiguous().view(torch.float16).float()
+
+
+def dequantize_rows(blocks: torch.Tensor, qtype: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 blocks [rows, bytes per row] -> [rows, 32 * blocks per row] in `dtype`: computed in float32 in
+    gguf's order of operations, so float32 results have gguf.quants.dequantize's bits."""
+    block_bytes = _block_bytes(qtype)
+    rows, row_bytes = blocks.shape
+    raw = blocks.reshape(rows, row_bytes // block_bytes, block_bytes)
+    d = _halves(raw, 0)
+    if qtype == Q8_0:
+        w = raw[..., 2:].contiguous().view(torch.int8).float().mul_(d)
+    else:
+        quants = raw[..., 4:] if qtype == Q4_1 else raw[..., 2:]
+        nibbles = torch.cat((quants & 0x0F, quants >> 4), dim=-1).float()
+        w = nibbles.mul_(d).add_(_halves(raw, 2)) if qtype == Q4_1 else nibbles.sub_(8).mul_(d)
+    return w.reshape(rows, -1).to(dtype)
+
+
+def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int) -> torch.Tensor:
+    """x [..., k] float32 @ dequantize(blocks [n, k / 32 * block bytes]).T -> [..., n], no autograd.
+
+    The native kernel multiplies x by the exact weights (or, in int8 mode, x rounded to int8 per block of
+    32; the error bounds are in tests/server/model/test_quant_kernels.py) and checks its arguments itself, so
+    that this wrapper adds little to its few us per call (a decode step makes hundreds); the fallback (no
+    library, or x not float32 on CPU) multiplies by the exact weights in x's dtype."""
+    if _quant_matmul is not None and x.dtype == torch.float32 and x.is_cpu and blocks.is_cpu:
+        if x.dim() == 2:
+            return _quant_matmul(x, blocks, int(qtype))
+        return _quant_matmul(x.reshape(-1, x.shape[-1]), blocks, int(qtype)).reshape(*x.shape[:-1], blocks.shape[0])
+    k = x.shape[-1]
+    if k % BLOCK_WEIGHTS or blocks.shape[-1] != k // BLOCK_WEIGHTS * _block_bytes(qtype):
+        raise ValueError(f"{GGMLQuantizationType(qtype).name} blocks of {blocks.shape[-1]} bytes per row do not "
+                         f"hold k = {k} weights")
+    return _linear_by_tiles(x.reshape(-1, k), blocks, qtype).reshape(*x.shape[:-1], blocks.shape[0])
+
+
+def _linear_by_tiles(x: torch.Tensor, blocks: torch.Tensor, qtype: int) -> torch.Tensor:
+    n, k = blocks.shape[0], x.shape[-1]
+    tile_rows = max(1, FALLBACK_TILE_BYTES // (4 * k))
+    y = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+    for start in range(0, n, tile_rows):
+        weight = dequantize_rows(blocks[start:start + tile_rows].to(x.device), qtype, x.dtype)
+        y[:, start:start + weight.shape[0]] = F.linear(x, weight)
+    return y
+
+
+def active_isa() -> str:
+    """The native kernel's instruction set (scalar, avx2, avx512, avx512_vnni), or "torch" (the fallback)."""
+    return "torch" if _kernel_isa is None else _kernel_isa("")
+
+
+def force_isa(name: str) -> str:
+    """Sets the native kernel's instruction set, or the CPU's best below it; returns the one now active."""
+    return "torch" if _kernel_isa is None else _kernel_isa(name)
+
+
+def active_activations() -> str:
+    """The native kernel's activations: "float" (exact, the default) or "int8" (rounded per 32); "torch" where
+    the fallback runs, "int8" for a library built before the float path."""
+    if _quant_matmul is None:
+        return "torch"
+    return "int8" if _kernel_activations is None else _kernel_activations("")
+
+
+def force_activations(name: str) -> str:
+    """Sets the native kernel's activations ("float" or "int8") for the whole process; returns the ones now
+    active (see active_activations)."""
+    if _quant_matmul is None or _kernel_activations is None:
+        return active_activations()
+    return _kernel_activations(name)

@@ -1,0 +1,79 @@
+"""QuantizedLinear and QuantizedEmbedding: a projection and a token embedding whose weights stay in the GGUF
+blocks they were read in (model/quant_blocks.py), for `--quantization gguf`.
+
+Why: a decode step at batch 1 reads every weight once, so its speed is the bytes it reads; and a shared
+pool holds models in a memory budget, so its size is the bytes each model holds. A Q4_1 weight is 5 bits, its
+float32 copy 32 (plus oneDNN's packed copy of it: 64).
+
+Rules:
+- the blocks are the file's bytes, rows reordered only where the runtime's layout needs it (llama.cpp's
+  permuted Q and K rows); activations and accumulators are float32, whatever `--dtype` the rest computes in;
+- a fused projection (Q/K/V, gate/up) is its parts' blocks side by side: one product per part, so parts may
+  hold different types (Q4_K_M files give V a wider type than Q and K);
+- an embedding lookup dequantizes only the rows it reads; a tied head multiplies by the same blocks, so the
+  model holds one copy of the vocabulary's weights;
+- no packed or float copy is kept: `weight_bytes` is what the module holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from .quant_blocks import dequantize_rows, quant_matmul
+
+
+class QuantizedLinear(nn.Module):
+    def __init__(self, in_features: int, parts: Sequence[tuple[torch.Tensor, int]], bias: torch.Tensor | None = None,
+                 dtype: torch.dtype = torch.float32) -> None:
+        """`parts`: (uint8 blocks [rows, bytes per row], GGML type id), in output order."""
+        super().__init__()
+        self.in_features = in_features
+        self.qtypes = tuple(int(qtype) for _, qtype in parts)
+        for i, (blocks, _) in enumerate(parts):
+            self.register_buffer(f"blocks{i}", blocks.contiguous(), persistent=False)
+        self.out_features = sum(blocks.shape[0] for blocks, _ in parts)
+        self.bias = None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False)
+
+    def parts(self) -> list[tuple[torch.Tensor, int]]:
+        return [(getattr(self, f"blocks{i}"), qtype) for i, qtype in enumerate(self.qtypes)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).float()
+        outs = [quant_matmul(rows, blocks, qtype) for blocks, qtype in self.parts()]
+        y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
+        if self.bias is not None:
+            y = y.add_(self.bias)
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def weight_bytes(self) -> int:
+        held = sum(blocks.numel() for blocks, _ in self.parts())
+        return held + (0 if self.bias is None else self.bias.numel() * self.bias.element_size())
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, types={self.qtypes}"
+
+
+class QuantizedEmbedding(nn.Module):
+    def __init__(self, blocks: torch.Tensor, qtype: int, embedding_dim: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.register_buffer("blocks", blocks.contiguous(), persistent=False)
+        self.qtype = int(qtype)
+        self.num_embeddings, self.embedding_dim = blocks.shape[0], embedding_dim
+        self.dtype = dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return dequantize_rows(self.blocks.index_select(0, ids.reshape(-1)), self.qtype, self.dtype).reshape(
+            *ids.shape, self.embedding_dim)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The tied head: hidden [N, dim] times the vocabulary's blocks, float32 [N, vocab]."""
+        return quant_matmul(hidden.float(), self.blocks, self.qtype)
+
+    def weight_bytes(self) -> int:
+        return self.blocks.numel()
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, type={self.qtype}"

@@ -1,0 +1,84 @@
+"""SmolLM2-135M-Instruct served from its Q4_1 file's blocks (`--quantization gguf`) predicts what the same file
+dequantized to float32 (`none`) predicts: teacher-forced over 2,048 tokens of a public-domain text shipped in
+tests/ (texts/public_domain.txt, not the model's own output), the mean KL divergence of the next-token
+distributions is at most 0.01 nats and the top-1 tokens agree at 98 % of positions or more.
+
+The weights are the same numbers on both sides: the block kernels decode them in registers and multiply
+float32 activations (model/quant_blocks.py), so what differs is the order of float sums. (Rounding the
+activations to int8 per 32 weights, as llama.cpp does and FLOTILLA_KERNEL_ACTIVATIONS=int8 does, gave a mean
+KL of 0.0076 nats and 95.3 % top-1 here, under the 98 % asked for: why it is not the default.) Both models
+run in this process, chunk by chunk in step, so only one chunk of logits of each is held at a time. The same load also checks the memory the issue asks for:
+the blocks kept hold at most 1.3x the file's bytes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from flotilla_server.model import AttentionBatch, DecoderModel, KVCacheTensors, load_model
+from flotilla_server.model.source import gguf_tensors
+from flotilla_server.model_cache.footprint import dense_weight_bytes, gguf_weight_bytes
+
+from .gguf_reference import smollm2_gguf
+
+TEXT = Path(__file__).parent / "texts" / "public_domain.txt"
+TOKENS = 2048
+CHUNK = 512
+BLOCK = 16
+
+
+def teacher_forced_chunks(model: DecoderModel, ids: list[int]):
+    """Log-probabilities of the next token after every position of `ids`, a chunk of prefill at a time."""
+    cfg = model.config
+    blocks = -(-len(ids) // BLOCK)
+    kv = KVCacheTensors.allocate(cfg.num_layers, blocks, BLOCK, cfg.num_kv_heads, cfg.head_dim, model.compute_dtype,
+                                 torch.device("cpu"))
+    table = list(range(blocks))
+    for start in range(0, len(ids), CHUNK):
+        piece = ids[start:start + CHUNK]
+        batch = AttentionBatch.build([len(piece)], [start + len(piece)], [table], BLOCK, torch.device("cpu"))
+        with torch.inference_mode():
+            hidden = model(torch.tensor(piece), torch.arange(start, start + len(piece)), batch, kv)
+            yield torch.log_softmax(model.compute_logits(hidden), dim=-1)
+
+
+@pytest.fixture(scope="module")
+def models():
+    path = str(smollm2_gguf())
+    return load_model(path, "float32", quantization="gguf"), load_model(path, "float32", quantization="none"), path
+
+
+def test_the_q4_1_blocks_predict_what_the_dequantized_model_predicts(models):
+    quantized, dequantized, _ = models
+    ids = quantized.tokenizer.encode(TEXT.read_text())[:TOKENS]
+    assert len(ids) == TOKENS
+    kl_sum, agree = 0.0, 0
+    for q, d in zip(teacher_forced_chunks(quantized.model, ids), teacher_forced_chunks(dequantized.model, ids),
+                    strict=True):
+        kl_sum += torch.nn.functional.kl_div(q, d, log_target=True, reduction="sum").item()  # KL(dequantized || quantized)
+        agree += (q.argmax(-1) == d.argmax(-1)).sum().item()
+    mean_kl, top1 = kl_sum / TOKENS, agree / TOKENS
+    print(f"mean KL {mean_kl:.5f} nats, top-1 agreement {top1:.4f} over {TOKENS} tokens")
+    assert mean_kl <= 0.01 and top1 >= 0.98, (mean_kl, top1)
+
+
+def test_the_blocks_hold_at_most_1_3x_the_files_bytes_and_none_holds_float32_with_packed_copies(models):
+    quantized, dequantized, path = models
+    assert quantized.model.quantization() == "gguf:Q4_1+Q8_0" and dequantized.model.quantization() == "none"
+    file_bytes = Path(path).stat().st_size
+    held = quantized.model.weight_bytes()
+    assert held <= 1.3 * file_bytes, (held, file_bytes)
+    params = sum(p.numel() for p in dequantized.model.parameters())
+    assert dequantized.model.weight_bytes() == 2 * 4 * params - 4 * sum(  # every matmul weight packed once more
+        p.numel() for n, p in dequantized.model.named_parameters() if "norm" in n)
+
+
+def test_the_footprint_known_before_loading_is_what_the_loaded_models_hold(models):
+    """The model cache charges a model before loading it (model_cache/footprint.py): blocks and packed copies
+    counted as the loader and the matmuls will hold them."""
+    quantized, dequantized, path = models
+    config = quantized.config
+    assert gguf_weight_bytes(config, gguf_tensors(path), "float32", "cpu") == quantized.model.weight_bytes()
+    assert dense_weight_bytes(config, "float32", "cpu") == dequantized.model.weight_bytes()
