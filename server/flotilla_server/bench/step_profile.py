@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from flotilla_contract.flags import DEFAULT_BLOCK_SIZE, DTYPES
+from flotilla_contract.flags import DEFAULT_BLOCK_SIZE, DTYPES, QUANTIZATIONS
 
 from flotilla_server.bench.workloads import build_model, num_parameters
 from flotilla_server.engine.config import EngineConfig
@@ -134,10 +134,14 @@ def _time_steps(engine: EngineCore, all_records: list[StepRecord], steps: int,
 
 
 def profile(model: str, batches: list[int], context: int, steps: int, log: Any,
-            dtype: str = "float32") -> dict[str, Any]:
-    loaded = build_model(model, dtype=dtype)
-    log(f"[{model}] {num_parameters(loaded.model) / 1e6:.1f}M parameters")
-    out: dict[str, Any] = {"parameters": num_parameters(loaded.model), "batches": {}}
+            dtype: str = "float32", quantization: str | None = None) -> dict[str, Any]:
+    loaded = build_model(model, dtype=dtype, quantization=quantization)
+    held = loaded.model.weight_bytes() if isinstance(loaded.model, DecoderModel) else 0
+    how = loaded.model.quantization() if isinstance(loaded.model, DecoderModel) else "none"
+    log(f"[{model}] {num_parameters(loaded.model) / 1e6:.1f}M parameters outside blocks, weights held as {how}: "
+        f"{held / 2**20:.1f} MiB")
+    out: dict[str, Any] = {"parameters": num_parameters(loaded.model), "weight_bytes": held, "quantization": how,
+                           "batches": {}}
     for batch in batches:
         engine, records = _decode_engine(loaded, model, batch, context, steps, dtype)
         plain = _time_steps(engine, records, steps, None)
@@ -182,6 +186,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--steps", type=int, default=32, help="Decode steps timed per batch size (each twice: plain and split).")
     a("--threads", type=int, default=1, help="torch CPU threads; 0: torch's own choice.")
     a("--dtype", choices=DTYPES, default="float32", help="Weights and KV-cache dtype.")
+    a("--quantization", choices=QUANTIZATIONS, default=None,
+      help="How smollm2's GGUF weights are held (default: the server's, gguf: its blocks kept).")
     a("--json", type=Path, default=None, help="Write the figures here as JSON.")
     a("--plot", type=Path, default=None, help="Draw each step's parts here as a PNG.")
 
@@ -199,8 +205,8 @@ def run(args: argparse.Namespace) -> int:
 
     batches = args.batch or [1, 8, 64]
     report: dict[str, Any] = {"threads": torch.get_num_threads(), "context": args.context, "steps": args.steps,
-                              "dtype": args.dtype}
-    report["models"] = {m: profile(m, batches, args.context, args.steps, log, args.dtype)
+                              "dtype": args.dtype, "quantization": args.quantization}
+    report["models"] = {m: profile(m, batches, args.context, args.steps, log, args.dtype, args.quantization)
                         for m in args.model or MODELS[:2]}
     print_table(report)
     if args.json:

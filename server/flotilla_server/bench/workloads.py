@@ -81,12 +81,14 @@ def smollm2_path() -> Path:
     return Path(root) / "models" / SMOLLM2_FILE
 
 
-def build_model(name: str, seed: int = 0, device: str = "cpu", dtype: str = "float32") -> LoadedModel:
+def build_model(name: str, seed: int = 0, device: str = "cpu", dtype: str = "float32",
+                quantization: str | None = None) -> LoadedModel:
+    """`quantization` applies to smollm2 (its GGUF; None: the server's default, its blocks kept)."""
     if name == "smollm2":
         path = smollm2_path()
         if not path.is_file():
             raise SystemExit(f"flotilla-bench: {path} is missing; `make model` fetches it once")
-        return load_model(str(path), device=device, dtype=dtype)
+        return load_model(str(path), device=device, dtype=dtype, quantization=quantization)
     if name == "tiny":
         model = build_tiny_model()
         config = TINY_CONFIG
