@@ -1,4 +1,5 @@
-"""SmolLM2-135M-Instruct from its GGUF, served by a real flotilla-server, against transformers.
+"""SmolLM2-135M-Instruct from its GGUF, served by a real flotilla-server from the file's blocks (the default,
+`--quantization gguf`), against transformers, which dequantizes the same file.
 
 One server process and one transformers reference serve every test here (the server starts while the
 reference loads). The server runs with a prefill chunk of 16 tokens, shorter than every prompt
@@ -11,9 +12,11 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import openai
 import pytest
 from flotilla_server.model.gguf_tokenizer import tokenizer_from_gguf
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.http.server_process import run_server
 
@@ -109,6 +112,19 @@ def test_capital_of_france_is_paris(smollm2):
     assert "Paris" in answer.choices[0].message.content
     assert answer.model == NAME
     assert [m.id for m in _client(server).models.list().data] == [NAME]
+
+
+def test_the_file_is_served_from_its_blocks_and_says_so(smollm2):
+    """`make run`'s default: the Q4_1 projections and the Q8_0 embedding (the tied head) stay in their blocks,
+    at most 1.3x the file's bytes of weights, shown in /v1/models and as a gauge (docs/models.md)."""
+    server, path = smollm2[0], smollm2[3]
+    card = httpx.get(f"{server.base_url}/v1/models", timeout=10).json()["data"][0]
+    assert card["quantization"] == "gguf:Q4_1+Q8_0"
+    assert 0 < card["weight_bytes"] <= 1.3 * path.stat().st_size
+    metrics = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+    (held,) = [s for f in text_string_to_metric_families(metrics) for s in f.samples
+               if s.name == "flotilla_model_weight_bytes"]
+    assert held.labels == {"model": NAME, "quantization": "gguf:Q4_1+Q8_0"} and held.value == card["weight_bytes"]
 
 
 def test_greedy_chat_equals_transformers_one_at_a_time(smollm2, alone):
