@@ -7,6 +7,25 @@ budget is the bytes each model holds; a Q8_0 weight is 8.5 bits, Q4_1 5, Q4_0 4.
 - `quant_matmul(x, blocks, qtype)`: x @ dequantize(blocks).T in float32, by the native kernel
   (model/kernels/quant_matmul.cpp) when the kernels are built, else by a torch fallback that decodes about
   1 MiB of weights at a time and multiplies each tile with F.linear (the whole float matrix is never held).
+  From MANY_ROWS rows of x (float activations) the many-row path runs instead: the native dequantizer
+  decodes TILE_BYTES of float32 weights at a time into one reused buffer, and torch.mm (MKL's sgemm) writes
+  each tile's products straight into its columns of y. Why: from a few dozen rows the products are bound by
+  arithmetic, and MKL's sgemm does more of it per cycle than the kernel's FMA tiles of 4 rows; the weights
+  still stay in their blocks (at most one tile is ever float). Measured on one core of the 2-core Xeon VM
+  (family 6 model 167; ms per call, kernel / many-row / F.linear on float32 weights):
+      rows                 16                 32                 64                512
+      1536 x 576 Q4_1      0.44/0.53/0.35     0.92/0.72/0.53     1.83/1.07/0.81     16.0/6.2/5.4
+      576 x 1536 Q4_1      0.38/0.55/0.39     0.75/0.76/0.53     1.43/1.09/0.85     17.2/6.2/5.4
+      49152 x 576 Q8_0     15.8/16.6/26.3     31.0/22.5/28.8     64.5/35.0/35.9     582/261/241
+  so MANY_ROWS = 32, where every shape measured is as fast or faster (1536 x 576 and the head already at 24
+  rows, 576 x 1536 not before 32). TILE_BYTES = 1.5 MiB: a tile stays in the core's 2 MiB L2 beside x's
+  panel; 0.5 and 1 MiB were 5-15 % slower at 24-128 rows (more, narrower sgemm calls: 576 x 1536 gets 85
+  rows per tile at 0.5 MiB), 2 MiB as fast at 64 rows and more but slower at 24-32. Rules: the many-row
+  path's results are within float rounding of F.linear(x, dequantize(W)) like the kernel's, but not
+  bit-equal to them, so a row's bits depend on whether its batch reaches MANY_ROWS; and MKL splits long rows
+  (k >= 1536) over threads, so its bits may differ between thread counts (the kernel's do not). Without the
+  native dequantizer (a library built before it) the kernel runs at every row count; int8 activations keep
+  the kernel too (their rounding is the mode's point).
   The native kernel's default decodes each block of weights to float32 in registers and multiplies x as it
   is: exact up to float rounding, like the fallback. FLOTILLA_KERNEL_ACTIVATIONS=int8 (read at load) makes
   it round the activations to int8 per 32 and take integer dot products instead, as llama.cpp does: faster
@@ -14,7 +33,7 @@ budget is the bytes each model holds; a Q8_0 weight is 8.5 bits, Q4_1 5, Q4_0 4.
   Q4_1 file then agrees with its dequantized weights on the top-1 token at only 94-95 % of positions, where
   the project asks for 98 % (tests/server/model/test_quantized_accuracy.py);
 - `dequantize_rows(blocks, qtype)`: the rows in float, equal to `gguf.quants.dequantize`: an embedding
-  lookup decodes only the rows it reads;
+  lookup decodes only the rows it reads (the native `dequantize_blocks` op gives the same bits, faster);
 - `active_isa()` / `force_isa(name)`: the native kernel's instruction set (FLOTILLA_KERNEL_ISA sets it at
   load), for comparisons; "torch" where the fallback runs;
 - `active_activations()` / `force_activations(name)`: the native kernel's activations, "float" or "int8"
@@ -41,8 +60,13 @@ BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20}
 NATIVE_TYPES = frozenset(BLOCK_BYTES)
 # float32 bytes of weights the fallback decodes at a time (its temporaries are a few times that)
 FALLBACK_TILE_BYTES = 1 << 20
+# from this many rows of x (float activations), quant_matmul decodes TILE_BYTES of float32 weights at a time
+# natively and multiplies each tile by torch.mm (why these values: the module's docstring)
+MANY_ROWS = 32
+TILE_BYTES = 3 << 19
 
 _quant_matmul = native_op("quant_matmul")
+_dequantize_blocks = native_op("dequantize_blocks")
 _kernel_isa = native_op("kernel_isa")
 _kernel_activations = native_op("kernel_activations")
 
@@ -79,19 +103,43 @@ def dequantize_rows(blocks: torch.Tensor, qtype: int, dtype: torch.dtype = torch
 def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int) -> torch.Tensor:
     """x [..., k] float32 @ dequantize(blocks [n, k / 32 * block bytes]).T -> [..., n], no autograd.
 
-    The native kernel multiplies x by the exact weights (or, in int8 mode, x rounded to int8 per block of
-    32; the error bounds are in tests/server/model/test_quant_kernels.py) and checks its arguments itself, so
-    that this wrapper adds little to its few us per call (a decode step makes hundreds); the fallback (no
-    library, or x not float32 on CPU) multiplies by the exact weights in x's dtype."""
-    if _quant_matmul is not None and x.dtype == torch.float32 and x.is_cpu and blocks.is_cpu:
+    Under MANY_ROWS rows of x, the native kernel multiplies x by the exact weights (or, in int8 mode, x
+    rounded to int8 per block of 32; the error bounds are in tests/server/model/test_quant_kernels.py) and
+    checks its arguments itself, so that this wrapper adds little to its few us per call (a decode step makes
+    hundreds). From MANY_ROWS rows (float mode), and in the fallback (no library, or x not float32 on CPU),
+    tiles of weights are decoded to float and multiplied by torch's sgemm: the exact weights, in x's dtype."""
+    k = x.shape[-1]
+    rows = x.numel() // k if k else 0
+    native = _quant_matmul is not None and x.dtype == torch.float32 and x.is_cpu and blocks.is_cpu
+    if native and (rows < MANY_ROWS or _dequantize_blocks is None or active_activations() != "float"):
         if x.dim() == 2:
             return _quant_matmul(x, blocks, int(qtype))
-        return _quant_matmul(x.reshape(-1, x.shape[-1]), blocks, int(qtype)).reshape(*x.shape[:-1], blocks.shape[0])
-    k = x.shape[-1]
-    if k % BLOCK_WEIGHTS or blocks.shape[-1] != k // BLOCK_WEIGHTS * _block_bytes(qtype):
+        return _quant_matmul(x.reshape(-1, k), blocks, int(qtype)).reshape(*x.shape[:-1], blocks.shape[0])
+    if k % BLOCK_WEIGHTS or blocks.dim() != 2 or blocks.shape[-1] != k // BLOCK_WEIGHTS * _block_bytes(qtype):
         raise ValueError(f"{GGMLQuantizationType(qtype).name} blocks of {blocks.shape[-1]} bytes per row do not "
                          f"hold k = {k} weights")
-    return _linear_by_tiles(x.reshape(-1, k), blocks, qtype).reshape(*x.shape[:-1], blocks.shape[0])
+    if native:
+        y = _linear_by_native_tiles(x.reshape(-1, k), blocks, int(qtype))
+    else:
+        y = _linear_by_tiles(x.reshape(-1, k), blocks, qtype)
+    return y.reshape(*x.shape[:-1], blocks.shape[0])
+
+
+def _linear_by_native_tiles(x: torch.Tensor, blocks: torch.Tensor, qtype: int) -> torch.Tensor:
+    """The many-row path: TILE_BYTES of weights at a time decoded by the native dequantizer into one buffer,
+    each tile's products written by torch.mm straight into its columns of y."""
+    n, k = blocks.shape[0], x.shape[1]
+    tile_rows = max(1, TILE_BYTES // (4 * k))
+    x = x.contiguous()
+    blocks = blocks.contiguous()
+    y = torch.empty(x.shape[0], n, dtype=torch.float32)
+    buffer = torch.empty(min(tile_rows, n), k, dtype=torch.float32)
+    for start in range(0, n, tile_rows):
+        count = min(tile_rows, n - start)
+        weight = buffer[:count]
+        _dequantize_blocks(blocks[start:start + count], qtype, weight)
+        torch.mm(x, weight.t(), out=y[:, start:start + count])
+    return y
 
 
 def _linear_by_tiles(x: torch.Tensor, blocks: torch.Tensor, qtype: int) -> torch.Tensor:

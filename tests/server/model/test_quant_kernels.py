@@ -23,8 +23,13 @@ exactly up to float rounding. Its bound is the same for every type:
 with W_j = |w_j| for Q8_0 and Q4_0, and |d * nibble_j| + |m| for Q4_1 (whose kernel sums the d and m terms
 apart).
 
-Each instruction set this CPU has (forced through `force_isa`) is held to its bound and gives the same bits
-on one thread and two; in int8 mode each is also within the float term alone of the scalar path: all paths
+From quant_blocks.MANY_ROWS rows (float activations) quant_matmul decodes tiles of weights natively (their
+bits: gguf's, tested per instruction set) and multiplies them by torch.mm: the same float bound, but MKL's
+sgemm splits long rows (k >= 1536) over threads, so that path is held to the bound alone on each thread
+count, not to equal bits.
+
+Each instruction set this CPU has (forced through `force_isa`) is held to its bound and, under MANY_ROWS
+rows, gives the same bits on one thread and two; in int8 mode each is also within the float term alone of the scalar path: all paths
 round x alike and their integer products are exact, so an integer off by one shows there even where the
 bound would hide it. A row's result does not depend on the other rows of x. The native tests skip when the
 kernels are not built.
@@ -180,7 +185,9 @@ def on_one_and_two_threads(isa: str, x: torch.Tensor, blocks: torch.Tensor, qtyp
     for count in (1, 2):
         torch.set_num_threads(count)
         outs.append(quant_matmul(x, blocks, qtype))
-    assert torch.equal(outs[0], outs[1]), f"{isa}: bits differ between one thread and two"
+    if x.shape[0] < quant_blocks.MANY_ROWS or quant_blocks.active_activations() == "int8":
+        # the many-row path's torch.mm (MKL) splits k >= 1536 over threads: its bits may differ (bound only)
+        assert torch.equal(outs[0], outs[1]), f"{isa}: bits differ between one thread and two"
     return outs[0]
 
 
@@ -238,6 +245,77 @@ def test_float_path_takes_x_as_it_is() -> None:
     assert y[0].isnan().all() and not y[1].isfinite().any() and y[2:].isfinite().all()
     assert_within_float_bound(y[2:], x[2:], blocks, Q4_1)
     assert (y[2] != 0).all()
+
+
+# ---- the many-row path (native dequantizer + torch.mm)
+
+DEQUANTIZE_SHAPES = [(1, 32), (7, 96), (33, 160), (97, 608), (9, 32 * 131)]  # 97 x 608, 9 x 4192: in parallel
+
+
+@native
+@pytest.mark.usefixtures("restore_isa", "threads")
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("random_bytes", [False, True], ids=["quantized", "random-bytes"])
+def test_native_dequantizer_has_gguf_bits_on_every_instruction_set(qtype: GGMLQuantizationType,
+                                                                    random_bytes: bool) -> None:
+    """Every weight has gguf.quants.dequantize's bits, on each instruction set and thread count, for any bytes
+    (random ones include infinite and NaN scales, and negative ones, whose Q4_0 zeros are -0)."""
+    op = torch.ops.flotilla.dequantize_blocks
+    rng = np.random.default_rng(int(qtype))
+    for n, k in DEQUANTIZE_SHAPES:
+        if random_bytes:
+            blocks = rng.integers(0, 256, (n, k // 32 * BLOCK_BYTES[qtype]), dtype=np.uint8)
+        else:
+            blocks = quantized(qtype, n, k)
+        with np.errstate(all="ignore"):
+            expected = dequantize(blocks, qtype).view(np.uint32)
+        for isa in available_isas():
+            force_isa(isa)
+            for count in (1, 2):
+                torch.set_num_threads(count)
+                out = torch.full((n, k), float("nan"))
+                op(torch.from_numpy(blocks), int(qtype), out)
+                assert np.array_equal(out.numpy().view(np.uint32), expected), (isa, count, n, k)
+
+
+@native
+def test_native_dequantizer_checks_its_inputs() -> None:
+    op = torch.ops.flotilla.dequantize_blocks
+    blocks = torch.zeros(3, 34, dtype=torch.uint8)
+    cases = [((blocks, 8, torch.empty(3, 64)), "do not fill out"),
+             ((blocks, 8, torch.empty(2, 32)), "do not fill out"),
+             ((blocks, 1, torch.empty(3, 32)), "qtype 1 is none of"),
+             ((blocks, 8, torch.empty(3, 32, dtype=torch.float64)), "out must be float32"),
+             ((blocks.view(torch.int8), 8, torch.empty(3, 32)), "blocks must be uint8"),
+             ((blocks, 8, torch.empty(3, 64)[:, ::2]), "must be contiguous")]
+    for args, message in cases:
+        with pytest.raises(RuntimeError, match=message):
+            op(*args)
+
+
+@native
+@pytest.mark.usefixtures("float_activations", "threads")
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_many_row_path_within_the_float_bound(monkeypatch: pytest.MonkeyPatch, qtype: GGMLQuantizationType) -> None:
+    """From MANY_ROWS rows quant_matmul decodes tiles of weights (several here, the last one short) and takes
+    torch.mm: F.linear on the dequantized weights up to float rounding, on one thread and two."""
+    calls = []
+    dequantize_blocks = quant_blocks._dequantize_blocks
+    monkeypatch.setattr(quant_blocks, "_dequantize_blocks", lambda *args: calls.append(1) or dequantize_blocks(*args))
+    monkeypatch.setattr(quant_blocks, "TILE_BYTES", 40 * 4 * 608)  # 40 rows of 608 weights
+    many = quant_blocks.MANY_ROWS
+    torch.manual_seed(int(qtype))
+    for n, k in ((97, 608), (33, 160)):
+        blocks = quantized(qtype, n, k)
+        for rows in (many - 1, many, 64, 200):
+            x = torch.randn(rows, k) * torch.logspace(-2, 1, k)
+            calls.clear()
+            for count in (1, 2):
+                torch.set_num_threads(count)
+                y = quant_matmul(x, torch.from_numpy(blocks), qtype)
+                assert y.shape == (rows, n) and y.dtype == torch.float32 and y.is_contiguous()
+                assert_within_float_bound(y, x, blocks, qtype)
+            assert bool(calls) == (rows >= many), (rows, len(calls))
 
 
 # ---- int8 activations (FLOTILLA_KERNEL_ACTIVATIONS=int8)

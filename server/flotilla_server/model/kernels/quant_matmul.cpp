@@ -5,6 +5,16 @@
 // products run on, one of scalar, avx2, avx512, avx512_vnni; "" reads it, a name sets it (for comparisons),
 // or the CPU's best where it lacks that one. torch.ops.flotilla.kernel_activations(wanted) -> str: the
 // activations' form, float (the default) or int8; "" reads it, a name sets it.
+// torch.ops.flotilla.dequantize_blocks(blocks [rows, k/32 * block_bytes] uint8, qtype, out [rows, k] float32):
+// writes the rows' weights into out, with gguf.quants.dequantize's bits (model/quant_blocks.py's many-row
+// path decodes a tile of weights with it, then multiplies the tile by torch.mm).
+//
+// Why dequantize_blocks: from a few dozen activation rows the products are bound by arithmetic, not by
+// reading the weights, and MKL's float32 sgemm (register blocking of x and w, well beyond this kernel's tiles
+// of 4 rows) beats decoding in registers: at 64 rows on one core of this project's 2-core Xeon VM
+// (family 6 model 167), the 49152 x 576 Q8_0 head takes 64 ms here against 35 ms decoded per 1.5 MiB tile into L2 and
+// multiplied by torch.mm; SmolLM2's 1536 x 576 Q4_1 1.8 ms against 1.1. Decoding is cheap beside that
+// (a 1.5 MiB tile in about 0.04 ms: AVX-512 or AVX2 conversions, stores into L2).
 //
 // Why: a GGUF model's weights stay in their block bytes (per weight 1.06 bytes for Q8_0, 0.56 for Q4_0,
 // 0.63 for Q4_1, against 4 for float32), and a decode step reads every weight once, so its speed is the rate
@@ -27,7 +37,7 @@
 // activations (mean KL 0.009 nats; over 2,048 tokens 95.3 %, 0.0076), where the project asks for 98 % and
 // 0.01; with float activations it is 100 % (KL 0 up to float rounding). The int8 form takes fewer vector
 // instructions per weight, so it is faster where the float path is bound by instructions rather than by
-// reading memory: at batch 1 on one core of a Sapphire Rapids-class VM (AVX-512), the 49152 x 576 Q8_0
+// reading memory: at batch 1 on one core of the same Xeon VM (AVX-512 with VNNI), the 49152 x 576 Q8_0
 // head 1.1 ms against 1.75, SmolLM2's Q4_1 layers 1.05-1.2x; at 4 and 16 rows 1.0-1.6x.
 //
 // Rules:
@@ -44,6 +54,9 @@
 //   AVX-512 (F, BW, VL), AVX2 (with FMA, F16C) or plain C++; FLOTILLA_KERNEL_ISA=avx512|avx2|scalar (read at
 //   load) or kernel_isa() picks a lower one, never one the CPU lacks. The float path has no VNNI variant:
 //   avx512_vnni and avx512 both run its AVX-512 code;
+// - dequantize_blocks computes each weight in gguf's own operations (d * q, d * (nibble - 8), d * nibble + m),
+//   so its bits are gguf's on every instruction set and thread count (rows split over the threads from 32 Ki
+//   weights); it follows kernel_isa like the products;
 // - FLOTILLA_KERNEL_ACTIVATIONS=float|int8 is read at load (another value: float, with a line on stderr);
 //   kernel_activations() changes it for the whole process (tests, benchmarks).
 #include <ATen/ATen.h>
@@ -554,6 +567,77 @@ TARGET_AVX512 void float_tile_avx512(const uint8_t* w_row, const FloatRows& a, i
                                                          _mm512_add_ps(acc[r][2], acc[r][3])));
 }
 
+// ---- dequantize_blocks: rows of blocks -> float32 rows, gguf.quants.dequantize's bits (for the many-row
+// products of model/quant_blocks.py, which multiply a tile of decoded weights with torch.mm). Each weight is
+// computed in gguf's own operations: d * q (Q8_0), d * (nibble - 8) (Q4_0; not d * nibble - 8 d, which gives
+// +0 where gguf gives -0 for a negative d), d * nibble + m (Q4_1: by FMA, the same rounding since d * nibble
+// is exact in float32).
+
+template <QType Q> INLINE void dequantize_row_plain(const uint8_t* row, int64_t blocks, float* out) {
+  for (int64_t b = 0; b < blocks; ++b) dequantize_plain<Q>(row + b * Layout<Q>::bytes, out + b * kBlockWeights);
+}
+
+template <QType Q> TARGET_AVX2 INLINE void dequantize_row_avx2(const uint8_t* row, int64_t blocks, float* out) {
+  using L = Layout<Q>;
+  for (int64_t b = 0; b < blocks; ++b, out += kBlockWeights) {
+    const uint8_t* block = row + b * L::bytes;
+    const uint8_t* quants = block + L::quants_at;
+    const __m256 d = _mm256_set1_ps(half_f16c(block));
+    if constexpr (Q == QType::Q8_0) {
+      for (int i = 0; i < 4; ++i) {
+        const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(quants + 8 * i));
+        _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)), d));
+      }
+    } else {
+      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quants));
+      const __m128i low4 = _mm_set1_epi8(0x0F), offset = _mm_set1_epi8(static_cast<char>(L::offset));
+      const __m128i halves[2] = {_mm_sub_epi8(_mm_and_si128(packed, low4), offset),
+                                 _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(packed, 4), low4), offset)};
+      const __m256 m = _mm256_set1_ps(L::has_min ? half_f16c(block + 2) : 0.f);
+      for (int i = 0; i < 4; ++i) {
+        const __m128i eight = i & 1 ? _mm_srli_si128(halves[i >> 1], 8) : halves[i >> 1];
+        const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight));
+        _mm256_storeu_ps(out + 8 * i, L::has_min ? _mm256_fmadd_ps(q, d, m) : _mm256_mul_ps(q, d));
+      }
+    }
+  }
+}
+
+template <QType Q> TARGET_AVX512 INLINE void dequantize_row_avx512(const uint8_t* row, int64_t blocks, float* out) {
+  using L = Layout<Q>;
+  for (int64_t b = 0; b < blocks; ++b, out += kBlockWeights) {
+    const uint8_t* block = row + b * L::bytes;
+    const uint8_t* quants = block + L::quants_at;
+    const __m512 d = _mm512_set1_ps(half_f16c(block));
+    __m512 q[2];
+    if constexpr (Q == QType::Q8_0) {
+      integers_avx512(block, q[0], q[1]);
+    } else {
+      const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(quants)));
+      const __m512i low4 = _mm512_set1_epi32(0x0F), offset = _mm512_set1_epi32(L::offset);
+      q[0] = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(bytes, low4), offset));
+      q[1] = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(bytes, 4), offset));
+    }
+    const __m512 m = _mm512_set1_ps(L::has_min ? half_f16c(block + 2) : 0.f);
+    for (int i = 0; i < 2; ++i)
+      _mm512_storeu_ps(out + 16 * i, L::has_min ? _mm512_fmadd_ps(q[i], d, m) : _mm512_mul_ps(q[i], d));
+  }
+}
+
+template <QType Q> void dequantize_rows_plain(const uint8_t* w, int64_t rows, int64_t blocks, float* out) {
+  for (int64_t r = 0; r < rows; ++r)
+    dequantize_row_plain<Q>(w + r * blocks * Layout<Q>::bytes, blocks, out + r * blocks * kBlockWeights);
+}
+template <QType Q> TARGET_AVX2 void dequantize_rows_avx2(const uint8_t* w, int64_t rows, int64_t blocks, float* out) {
+  for (int64_t r = 0; r < rows; ++r)
+    dequantize_row_avx2<Q>(w + r * blocks * Layout<Q>::bytes, blocks, out + r * blocks * kBlockWeights);
+}
+template <QType Q> TARGET_AVX512 void dequantize_rows_avx512(const uint8_t* w, int64_t rows, int64_t blocks,
+                                                             float* out) {
+  for (int64_t r = 0; r < rows; ++r)
+    dequantize_row_avx512<Q>(w + r * blocks * Layout<Q>::bytes, blocks, out + r * blocks * kBlockWeights);
+}
+
 // ---- picking the path
 
 enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2, avx512_vnni = 3 };
@@ -758,12 +842,63 @@ at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& blocks, int64_t q
   return y;
 }
 
+// dequantize_blocks: rows of blocks into out, float32 [rows, k], split over the threads by rows (each weight
+// is computed alone, so the bits do not depend on the thread count nor on the instruction set)
+using DequantizeRows = void (*)(const uint8_t* w, int64_t rows, int64_t blocks, float* out);
+
+template <QType Q> DequantizeRows dequantize_rows_for(Isa isa) {
+  switch (isa) {
+    case Isa::avx512_vnni:
+    case Isa::avx512: return dequantize_rows_avx512<Q>;
+    case Isa::avx2: return dequantize_rows_avx2<Q>;
+    case Isa::scalar: break;
+  }
+  return dequantize_rows_plain<Q>;
+}
+
+constexpr int64_t kMinParallelWeights = 1 << 15;  // below, one thread: a fork and join costs a few us
+constexpr int64_t kDequantizeChunkRows = 4;
+
+void dequantize_blocks(const at::Tensor& blocks, int64_t qtype, const at::Tensor& out) {
+  TORCH_CHECK(blocks.device().is_cpu() && out.device().is_cpu(), "dequantize_blocks: CPU tensors only");
+  TORCH_CHECK(blocks.scalar_type() == at::kByte, "dequantize_blocks: blocks must be uint8, got ",
+              blocks.scalar_type());
+  TORCH_CHECK(out.scalar_type() == at::kFloat, "dequantize_blocks: out must be float32, got ", out.scalar_type());
+  TORCH_CHECK(blocks.dim() == 2 && out.dim() == 2, "dequantize_blocks: blocks must be [rows, bytes per row] and "
+              "out [rows, k], got ", blocks.sizes(), " and ", out.sizes());
+  const int64_t rows = blocks.size(0), k = out.size(1), bytes = block_bytes(qtype);
+  TORCH_CHECK(out.size(0) == rows && k % kBlockWeights == 0 && blocks.size(1) == k / kBlockWeights * bytes,
+              "dequantize_blocks: blocks ", blocks.sizes(), " of ", bytes, "-byte blocks do not fill out ",
+              out.sizes());
+  TORCH_CHECK(blocks.is_contiguous() && out.is_contiguous(), "dequantize_blocks: blocks and out must be contiguous");
+  if (rows == 0 || k == 0) return;
+  const Isa isa = g_isa.load();
+  DequantizeRows run_rows = nullptr;
+  switch (static_cast<QType>(qtype)) {
+    case QType::Q8_0: run_rows = dequantize_rows_for<QType::Q8_0>(isa); break;
+    case QType::Q4_0: run_rows = dequantize_rows_for<QType::Q4_0>(isa); break;
+    case QType::Q4_1: run_rows = dequantize_rows_for<QType::Q4_1>(isa); break;
+  }
+  const uint8_t* w = blocks.data_ptr<uint8_t>();
+  float* y = out.data_ptr<float>();
+  const int64_t nb = k / kBlockWeights, chunks = (rows + kDequantizeChunkRows - 1) / kDequantizeChunkRows;
+  #pragma omp parallel for schedule(static) if (rows * k >= kMinParallelWeights)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t first = c * kDequantizeChunkRows, count = std::min(kDequantizeChunkRows, rows - first);
+    run_rows(w + first * nb * bytes, count, nb, y + first * k);
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(flotilla, m) {
   m.def("quant_matmul(Tensor x, Tensor blocks, int qtype) -> Tensor");
   m.def("kernel_isa(str wanted) -> str", &kernel_isa);
   m.def("kernel_activations(str wanted) -> str", &kernel_activations);
+  m.def("dequantize_blocks(Tensor blocks, int qtype, Tensor(a!) out) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(flotilla, CPU, m) { m.impl("quant_matmul", quant_matmul); }
+TORCH_LIBRARY_IMPL(flotilla, CPU, m) {
+  m.impl("quant_matmul", quant_matmul);
+  m.impl("dequantize_blocks", dequantize_blocks);
+}
