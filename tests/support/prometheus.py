@@ -135,10 +135,13 @@ class RealPrometheus:
 
     # --- targets and queries ---------------------------------------------------------------------
     def set_targets(self, targets: Sequence[Target]) -> None:
-        """Replace the scraped targets (atomic rename, so Prometheus never reads half a file)."""
+        """Replace the scraped targets (atomic rename, so Prometheus never reads half a file). Safe from several
+        threads (a pod runner's and the test's): each call writes its own temporary file, so one call's rename
+        never takes the file another is about to rename (it once did: FileNotFoundError under load)."""
         groups = [{"targets": [t.address], "labels": dict(t.labels)} for t in targets]
-        tmp = self.targets_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(groups))
+        fd, tmp = tempfile.mkstemp(dir=self.targets_file.parent, prefix="targets.", suffix=".tmp")
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(groups))
         os.replace(tmp, self.targets_file)
 
     def query(self, promql: str) -> list[tuple[dict[str, str], float]]:
