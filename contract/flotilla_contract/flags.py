@@ -32,7 +32,7 @@ DEFAULT_LOAD_TIMEOUT_S = 120.0
 DEFAULT_MIN_RESIDENCY_S = 60.0
 DTYPES = ("float32", "bfloat16", "float16")
 # how weights are held (docs/models.md, "Quantization"); unset: gguf for a .gguf file, none otherwise
-QUANTIZATIONS = ("none", "gguf")
+QUANTIZATIONS = ("none", "gguf", "int8")
 SMALL_STEP_MAX_ROWS = 4  # a step of at most this many rows may borrow the HTTP core (--small-step-threads)
 ENGINE_MODES = ("process", "inprocess")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -146,8 +146,10 @@ SERVER_FLAGS: tuple[Flag, ...] = (
     Flag("--dtype", "dtype", "str", "float32", f"Weights and KV-cache dtype: {', '.join(DTYPES)}."),
     Flag("--quantization", "quantization", "str", None,
          f"How weights are held: {', '.join(QUANTIZATIONS)}. gguf keeps a .gguf file's Q8_0, Q4_0 and Q4_1 blocks "
-         "as they are on CPU (other types are dequantized to --dtype); none dequantizes every weight to --dtype "
-         "at load. Default: gguf for a .gguf file, none otherwise. In multi-model mode, every model's default."),
+         "as they are on CPU (other types are dequantized to --dtype); int8 quantizes any model's projections, "
+         "embedding and head to per-channel int8 at load (CPU only; every layer's input width a multiple of 16); "
+         "none dequantizes every weight to --dtype at load. Default: gguf for a .gguf file, none otherwise. In "
+         "multi-model mode, every model's default."),
     Flag("--small-step-threads", "small_step_threads", "int", None,
          f"CPU threads an engine step of at most {SMALL_STEP_MAX_ROWS} rows may run on, borrowing the core otherwise left "
          "to HTTP (such a step reads every weight for a few rows: memory-bound); the engine measures both counts "

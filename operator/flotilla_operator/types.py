@@ -398,10 +398,11 @@ class ServerSpec(ApiModel):
     dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         None, description="dtype of weights and KV cache; unset means bfloat16 on GPU and float32 on CPU."
     )
-    quantization: Literal["none", "gguf"] | None = Field(
+    quantization: Literal["none", "gguf", "int8"] | None = Field(
         None, description="quantization says how weights are held: gguf keeps a .gguf file's Q8_0, Q4_0 and Q4_1 blocks "
-        "as they are on CPU (about a sixth of float32's memory for a Q4_1 file); none dequantizes every weight to dtype "
-        "at load. Unset means gguf for a .gguf file and none otherwise (docs/models.md, \"Quantization\").",
+        "as they are on CPU (about a sixth of float32's memory for a Q4_1 file); int8 quantizes any model's projections, "
+        "embedding and head to per-channel int8 at load (CPU only; about a quarter of float32's memory); none "
+        "dequantizes every weight to dtype at load. Unset means gguf for a .gguf file and none otherwise (docs/models.md, \"Quantization\").",
     )
     api_key_secret_ref: ApiKeySecretRef | None = Field(
         None,

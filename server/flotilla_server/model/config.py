@@ -13,6 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+# `--quantization int8`: its kernels take a layer whose in_features is a multiple of this (a row is whole
+# vectors of 16 weights, AVX-512's width, on every path: model/int8_weights.py); source.check_int8 refuses others
+INT8_K_MULTIPLE = 16
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _ARCHITECTURE_OF = {
     "llama": "LlamaForCausalLM",

@@ -20,7 +20,7 @@ from .attention import AttentionBatch, paged_attention
 from .config import ModelConfig
 from .kv_tensors import KVCacheTensors
 from .linear import Linear, PackedWeight, linear, packs
-from .quant_linear import QuantizedEmbedding, QuantizedLinear
+from .quant_linear import Int8Embedding, Int8Linear, QuantizedEmbedding, QuantizedLinear
 from .rope import inverse_frequencies, rope_cos_sin
 
 
@@ -149,9 +149,9 @@ class DecoderModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [N, hidden] rows of `forward`'s output. Returns float32 logits [N, vocab]."""
-        if self.lm_head is None and isinstance(self.embed_tokens, QuantizedEmbedding):
+        if self.lm_head is None and isinstance(self.embed_tokens, (QuantizedEmbedding, Int8Embedding)):
             return self.embed_tokens.logits(hidden)
-        if isinstance(self.lm_head, QuantizedLinear):
+        if isinstance(self.lm_head, (QuantizedLinear, Int8Linear)):
             return self.lm_head(hidden).float()
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
         return linear(hidden, weight, None, self._logits_weight).float()
@@ -165,19 +165,41 @@ class DecoderModel(nn.Module):
         return sum(w.numel() * w.element_size() for w in weights if packs(w))
 
     def weight_bytes(self) -> int:
-        """Every byte of weights the model holds: its parameters, the blocks of its quantized modules and,
-        on CPU, the packed copies the matmuls keep (what the KV pool's sizing and the model cache count)."""
+        """Every byte of weights the model holds: its parameters, the blocks (or int8 weights and scales) of
+        its quantized modules and, on CPU, the packed copies the matmuls keep (what the KV pool's sizing and the
+        model cache count)."""
         params = sum(p.numel() * p.element_size() for p in self.parameters())
+        quantized = (QuantizedLinear, QuantizedEmbedding, Int8Linear, Int8Embedding)
         blocks = sum(b.numel() * b.element_size() for m in self.modules()
-                     if isinstance(m, (QuantizedLinear, QuantizedEmbedding)) for b in m.buffers(recurse=False))
+                     if isinstance(m, quantized) for b in m.buffers(recurse=False))
         return params + blocks + self.packed_copy_bytes()
 
     def quantization(self) -> str:
-        """What the weights are held as: `none` (all in the model dtype), or `gguf:` and the block types
-        of the quantized projections and embedding, by name (`gguf:Q4_1+Q8_0`)."""
+        """What the weights are held as: `none` (all in the model dtype), `int8` (projections, embedding and
+        head as per-channel int8), or `gguf:` and the block types of the quantized projections and embedding,
+        by name (`gguf:Q4_1+Q8_0`)."""
+        if any(isinstance(m, (Int8Linear, Int8Embedding)) for m in self.modules()):
+            return "int8"
         types = {t for m in self.modules() if isinstance(m, QuantizedLinear) for t in m.qtypes}
         types |= {m.qtype for m in self.modules() if isinstance(m, QuantizedEmbedding)}
         return "gguf:" + "+".join(sorted(GGMLQuantizationType(t).name for t in types)) if types else "none"
+
+    def to_int8(self) -> None:
+        """Swaps every projection, the embedding and an untied head for per-channel int8 ones
+        (quant_linear.Int8Linear, Int8Embedding), quantized from the weights loaded; the norms stay in the
+        model dtype. One weight at a time: its float copy is freed as its int8 one is made. The shapes are
+        source.check_int8's to check, before loading."""
+        dtype = self.compute_dtype
+        with torch.no_grad():
+            self.embed_tokens = Int8Embedding(self.embed_tokens.weight, dtype)
+            if self.lm_head is not None:
+                self.lm_head = Int8Linear(self.lm_head.weight, None, dtype)
+            for layer in self.layers:
+                for owner, attr in ((layer.self_attn, "qkv_proj"), (layer.self_attn, "o_proj"),
+                                    (layer.mlp, "gate_up_proj"), (layer.mlp, "down_proj")):
+                    dense = getattr(owner, attr)
+                    setattr(owner, attr, Int8Linear(dense.weight, dense.bias, dtype))
+        self._logits_weight = PackedWeight()
 
     def load_hf_state_dict(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies Hugging Face-named weights (`model.layers.0.self_attn.q_proj.weight`, ...) into the

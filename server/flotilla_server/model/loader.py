@@ -3,7 +3,10 @@
 A directory holds `config.json`, `*.safetensors` (one file or shards listed in
 `model.safetensors.index.json`) and `tokenizer.json` (+ `tokenizer_config.json`). Weights stream
 shard by shard into a model built without initialisation, converted to the requested dtype.
-A `.gguf` file goes to gguf_loader, which dequantizes it into the same model.
+A `.gguf` file goes to gguf_loader, which dequantizes it into the same model. With `quantization="int8"`
+any of them is loaded as with `none`, then every projection, the embedding and the head are quantized to
+per-channel int8 (DecoderModel.to_int8), after source.check_int8 has refused a device or layer shape the
+int8 kernels cannot take, before any weight is read.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from safetensors import safe_open
 from .config import ModelConfig
 from .gguf_loader import is_gguf, load_gguf
 from .llama import DecoderModel
-from .source import hf_config, neither_message, resolve_quantization
+from .source import check_int8, hf_config, neither_message, resolve_quantization
 from .tiny import TINY_CONFIG, TINY_DESCRIPTION, TINY_NAME, build_tiny_model, build_tiny_tokenizer
 from .tokenizer import Tokenizer
 
@@ -54,28 +57,37 @@ def load_model(model: str, dtype: str = "float32", device: str = "cpu", quantiza
     quantization = resolve_quantization(model, quantization)
     if model == TINY_NAME:
         log.warning("%s", TINY_DESCRIPTION)
-        return LoadedModel(
-            build_tiny_model(torch_type, device), build_tiny_tokenizer(), TINY_CONFIG, TINY_NAME,
-            TINY_DESCRIPTION, is_demonstration=True,
-        )
+        if quantization == "int8":
+            check_int8(TINY_CONFIG, device)
+        net = build_tiny_model(torch_type, device)
+        if quantization == "int8":
+            net.to_int8()
+        return LoadedModel(net, build_tiny_tokenizer(), TINY_CONFIG, TINY_NAME, TINY_DESCRIPTION,
+                           is_demonstration=True)
     path = Path(model)
     if is_gguf(model):
         net, tokenizer, config, name = load_gguf(path, torch_type, device, quantization)
         held = net.quantization()
         log.info("loaded %s (GGUF %s, %d layers) as %s on %s, weights held as %s: %.1f MiB", path, config.model_type,
                  config.num_layers, dtype, device, held, net.weight_bytes() / 2**20)
-        how = "dequantized" if held == "none" else f"blocks kept ({held.removeprefix('gguf:')})"
+        how = {"none": "dequantized", "int8": "quantized to int8 per channel"}.get(
+            held, f"blocks kept ({held.removeprefix('gguf:')})")
         return LoadedModel(net, tokenizer, config, name, f"{config.model_type} model from {path.name}, {how}")
     if not path.is_dir():
         raise FileNotFoundError(neither_message(model))
     config = hf_config(path)
+    if quantization == "int8":
+        check_int8(config, device)
     tokenizer = Tokenizer.from_dir(path, extra_eos_token_ids=config.eos_token_ids)
 
     with torch.device("meta"):
         net = DecoderModel(config).to(torch_type)  # dtype on meta first: memory is taken once, in the final dtype
     net = net.to_empty(device=device)
     net.load_hf_state_dict(_read_tensors(path))
-    log.info("loaded %s (%s, %d layers) as %s on %s", path, config.model_type, config.num_layers, dtype, device)
+    if quantization == "int8":
+        net.to_int8()
+    log.info("loaded %s (%s, %d layers) as %s on %s, weights held as %s: %.1f MiB", path, config.model_type,
+             config.num_layers, dtype, device, net.quantization(), net.weight_bytes() / 2**20)
     return LoadedModel(net.eval(), tokenizer, config, path.name, f"{config.model_type} model from {path}")
 
 

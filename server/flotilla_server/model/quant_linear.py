@@ -1,5 +1,7 @@
 """QuantizedLinear and QuantizedEmbedding: a projection and a token embedding whose weights stay in the GGUF
-blocks they were read in (model/quant_blocks.py), for `--quantization gguf`.
+blocks they were read in (model/quant_blocks.py), for `--quantization gguf`; Int8Linear and Int8Embedding:
+the same with per-channel symmetric int8 weights and float32 scales (model/int8_weights.py), for
+`--quantization int8`.
 
 Why: a decode step at batch 1 reads every weight once, so its speed is the bytes it reads; and a shared
 pool holds models in a memory budget, so its size is the bytes each model holds. A Q4_1 weight is 5 bits, its
@@ -22,6 +24,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from .int8_weights import dequantize_int8_rows, int8_matmul, quantize_int8
 from .quant_blocks import dequantize_rows, quant_matmul
 
 
@@ -77,3 +80,51 @@ class QuantizedEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, type={self.qtype}"
+
+
+class Int8Linear(nn.Module):
+    """A projection held as int8 [out, in] and float32 scales [out], one per output row (a fused projection's
+    rows are its parts' rows, so quantizing it whole is quantizing each part); the bias stays in `dtype`."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        w, scales = quantize_int8(weight)
+        self.register_buffer("int8_weight", w, persistent=False)
+        self.register_buffer("scales", scales, persistent=False)
+        self.out_features, self.in_features = w.shape
+        self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = int8_matmul(x.reshape(-1, self.in_features).float(), self.int8_weight, self.scales)
+        if self.bias is not None:
+            y = y.add_(self.bias)
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel"
+
+
+class Int8Embedding(nn.Module):
+    """A token embedding held as int8 rows and a float32 scale per row: a lookup decodes only its rows; a tied
+    head multiplies by the same rows, so the vocabulary is held once."""
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        w, scales = quantize_int8(weight)
+        self.register_buffer("int8_weight", w, persistent=False)
+        self.register_buffer("scales", scales, persistent=False)
+        self.num_embeddings, self.embedding_dim = w.shape
+        self.dtype = dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1)
+        rows = dequantize_int8_rows(self.int8_weight.index_select(0, flat), self.scales.index_select(0, flat),
+                                    self.dtype)
+        return rows.reshape(*ids.shape, self.embedding_dim)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The tied head: hidden [N, dim] times the vocabulary's int8 rows, float32 [N, vocab]."""
+        return int8_matmul(hidden.float(), self.int8_weight, self.scales)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, int8 per row"

@@ -21,7 +21,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import ModelConfig
+from .config import INT8_K_MULTIPLE, ModelConfig
 from .gguf_file import GGUFFile
 from .gguf_meta import is_gguf, read_gguf
 
@@ -49,13 +49,41 @@ def gguf_tensors(source: str) -> dict[str, HeldTensor]:
 
 def resolve_quantization(source: str, requested: str | None) -> str:
     """How `source`'s weights are held (flags.QUANTIZATIONS): `requested`, or by default `gguf` for a .gguf
-    file and `none` otherwise; ValueError for a combination that cannot be, saying what to pass."""
+    file and `none` otherwise; ValueError for a combination that cannot be, saying what to pass. (`int8`
+    takes any source; check_int8 checks the model's shapes and device.)"""
     if requested is None:
         return "gguf" if is_gguf(source) else "none"
     if requested == "gguf" and not is_gguf(source):
         raise ValueError(f"quantization gguf keeps a .gguf file's blocks, and {source!r} is not a .gguf file: "
                          "leave --quantization unset or pass none")
     return requested
+
+
+def int8_layers(c: ModelConfig) -> list[tuple[str, int, int]]:
+    """(name, out_features, in_features) of every weight `--quantization int8` holds as int8: the embedding
+    (whose rows a tied head multiplies), each layer's fused projections and an untied head."""
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    layers = [("model.embed_tokens", c.vocab_size, c.hidden_size)]
+    for i in range(c.num_layers):
+        layers += [(f"model.layers.{i}.self_attn.qkv_proj", q + 2 * kv, c.hidden_size),
+                   (f"model.layers.{i}.self_attn.o_proj", c.hidden_size, q),
+                   (f"model.layers.{i}.mlp.gate_up_proj", 2 * c.intermediate_size, c.hidden_size),
+                   (f"model.layers.{i}.mlp.down_proj", c.hidden_size, c.intermediate_size)]
+    if not c.tie_word_embeddings:
+        layers.append(("lm_head", c.vocab_size, c.hidden_size))
+    return layers
+
+
+def check_int8(c: ModelConfig, device: str) -> None:
+    """ValueError, before any weight is read, where `--quantization int8` cannot serve the model: on a device
+    other than the CPU, or with a layer whose in_features the int8 kernels cannot take (the first one named)."""
+    if device != "cpu":
+        raise ValueError(f"quantization int8 runs on CPU here, not on {device}: pass --device cpu, or "
+                         "--quantization none")
+    for name, n, k in int8_layers(c):
+        if k % INT8_K_MULTIPLE:
+            raise ValueError(f"quantization int8 cannot take layer {name} of shape [{n}, {k}] ([out, in]): its "
+                             f"kernels need in_features a multiple of {INT8_K_MULTIPLE}; pass --quantization none")
 
 
 def hf_config(path: Path) -> ModelConfig:

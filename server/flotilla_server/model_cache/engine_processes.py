@@ -24,11 +24,12 @@ from dataclasses import replace
 from flotilla_server.engine.config import EngineConfig
 from flotilla_server.engine.cpu_quota import usable_cpus
 from flotilla_server.engine.messages import EngineOptions
-from flotilla_server.model.source import gguf_tensors, resolve_quantization, source_config
+from flotilla_server.model.source import check_int8, gguf_tensors, resolve_quantization, source_config
 from flotilla_server.model_cache.engines import ModelEngine
 from flotilla_server.model_cache.footprint import (
     dense_weight_bytes,
     gguf_weight_bytes,
+    int8_weight_bytes,
     kv_block_bytes,
     model_bytes,
 )
@@ -69,8 +70,12 @@ class EngineProcesses:
         KV pool; ValueError, saying what to pass, for a source the loader would refuse before its weights."""
         c = self.config
         model = source_config(source)
-        if resolve_quantization(source, quantization or c.quantization) == "gguf":
+        held = resolve_quantization(source, quantization or c.quantization)
+        if held == "gguf":
             weights = gguf_weight_bytes(model, gguf_tensors(source), c.dtype, c.device)
+        elif held == "int8":
+            check_int8(model, c.device)  # as the loader will, before any weight is read
+            weights = int8_weight_bytes(model, c.dtype, c.device)
         else:
             weights = dense_weight_bytes(model, c.dtype, c.device)
         return model_bytes(model, weights, c.dtype, c.block_size, c.num_kv_blocks, c.kv_cache_memory_bytes or 0)

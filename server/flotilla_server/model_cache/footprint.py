@@ -8,7 +8,9 @@ Rules (what the loader and model/linear.py do):
 - a weight in the model dtype costs its parameters; on CPU, a float32 or bfloat16 projection and the head
   (the embedding, when tied) cost as much again for the packed copy the matmuls keep;
 - with `quantization="gguf"` on CPU, the embedding, the head and each projection whose every part is of a
-  block-kernel type cost their blocks' bytes, with no packed copy; the rest is dequantized to the dtype.
+  block-kernel type cost their blocks' bytes, with no packed copy; the rest is dequantized to the dtype;
+- with `quantization="int8"` (CPU only), every projection, the embedding and an untied head cost 1 byte per
+  weight and 4 per output row (its float32 scale), with no packed copy; the rest (norms, biases) the dtype.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from collections.abc import Mapping
 
 from flotilla_server.model.config import ModelConfig
 from flotilla_server.model.gguf_meta import BLOCK_KERNEL_TYPES, PROJECTION_PARTS
-from flotilla_server.model.source import HeldTensor
+from flotilla_server.model.source import HeldTensor, int8_layers
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PACKED_DTYPES = ("float32", "bfloat16")  # on CPU these projections keep a packed copy (model/linear.py)
@@ -79,6 +81,14 @@ def gguf_weight_bytes(c: ModelConfig, tensors: Mapping[str, HeldTensor], dtype: 
     return total
 
 
+def int8_weight_bytes(c: ModelConfig, dtype: str, device: str) -> int:
+    """A model served with `quantization="int8"`: its int8 weights and their scales (source.int8_layers), the
+    rest in `dtype`; no packed copies (`device`: int8 is served on CPU only, where this is what it holds)."""
+    layers = int8_layers(c)
+    int8 = sum(n * k for _, n, k in layers)
+    return (parameter_count(c) - int8) * DTYPE_BYTES[dtype] + int8 + 4 * sum(n for _, n, _ in layers)
+
+
 def kv_block_bytes(c: ModelConfig, block_size: int, dtype: str) -> int:
     return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * DTYPE_BYTES[dtype]
 
@@ -93,5 +103,5 @@ def kv_pool_bytes(c: ModelConfig, block_size: int, dtype: str, num_kv_blocks: in
 
 def model_bytes(c: ModelConfig, weight_bytes: int, dtype: str, block_size: int, num_kv_blocks: int | None,
                 kv_cache_memory_bytes: int) -> int:
-    """Weights (`dense_weight_bytes` or `gguf_weight_bytes`) plus KV pool: what the memory budget is charged."""
+    """Weights (`dense_weight_bytes`, `gguf_weight_bytes` or `int8_weight_bytes`) plus KV pool: what the memory budget is charged."""
     return weight_bytes + kv_pool_bytes(c, block_size, dtype, num_kv_blocks, kv_cache_memory_bytes)

@@ -8,6 +8,11 @@
 // torch.ops.flotilla.dequantize_blocks(blocks [rows, k/32 * block_bytes] uint8, qtype, out [rows, k] float32):
 // writes the rows' weights into out, with gguf.quants.dequantize's bits (model/quant_blocks.py's many-row
 // path decodes a tile of weights with it, then multiplies the tile by torch.mm).
+// torch.ops.flotilla.int8_matmul(x [m, k] float32, w [n, k] int8, scales [n] float32) -> [m, n]:
+// x @ (w * scales[:, None]).T for `--quantization int8` (per-channel symmetric int8 weights; model/int8_weights.py
+// calls it), k a multiple of 16; torch.ops.flotilla.dequantize_int8(w, scales, out [n, k] float32): w * scales
+// into out, with torch's bits (its many-row path, as dequantize_blocks). Both follow kernel_isa, and
+// int8_matmul has the same rules as the float path below (the section "int8 weights" says how).
 //
 // Why dequantize_blocks: from a few dozen activation rows the products are bound by arithmetic, not by
 // reading the weights, and MKL's float32 sgemm (register blocking of x and w, well beyond this kernel's tiles
@@ -638,6 +643,112 @@ template <QType Q> TARGET_AVX512 void dequantize_rows_avx512(const uint8_t* w, i
     dequantize_row_avx512<Q>(w + r * blocks * Layout<Q>::bytes, blocks, out + r * blocks * kBlockWeights);
 }
 
+// ---- int8 weights (`--quantization int8`): w int8 [n, k] per output channel, scales float32 [n];
+// y = x @ (w * scales[:, None]).T. Each weight row's integers are converted to float32 in registers (exact:
+// an int8 is a float), multiplied with x by FMA into the row's accumulators, and the row's sum is multiplied
+// by its scale once at the end: so the result is x @ (w * s).T up to float rounding (one rounding of each
+// product and sum, and one of the scale's product, where F.linear on the dequantized weights rounds each
+// w * s instead). Rule: k is a multiple of kInt8Weights (16), so that a row is whole vectors of 16 weights
+// on every path (the AVX-512 width; AVX2 takes two of 8): the loader refuses a model with another layer
+// width before loading it (model/source.py, check_int8). Accumulators: kInt8Chains per row, vector v of 16
+// weights (or 8 on AVX2) into chain v % kInt8Chains, summed in a fixed order at the end, so a row's result
+// does not depend on its tile nor on the thread count; kInt8Chains = 4 hides the FMA latency at one row.
+
+constexpr int64_t kInt8Weights = 16;  // k % 16 == 0
+constexpr int kInt8Chains = 4;
+
+struct Int8Weights {
+  const int8_t* w;
+  const float* scales;
+  int64_t k;
+};
+
+template <int R>
+void int8_tile_plain(const Int8Weights& W, int64_t i, const FloatRows& a, int64_t r0, float* y, int64_t y_stride) {
+  const int8_t* w = W.w + i * W.k;
+  float acc[R][kLanes] = {};
+  const float* rows[R];
+  a.rows(r0, rows);
+  for (int64_t j = 0; j < W.k; j += kLanes)
+    for (int r = 0; r < R; ++r)
+      for (int64_t lane = 0; lane < kLanes; ++lane)
+        acc[r][lane] += static_cast<float>(w[j + lane]) * rows[r][j + lane];
+  for (int r = 0; r < R; ++r) y[r * y_stride] = sum_lanes_plain(acc[r]) * W.scales[i];
+}
+
+template <int R>
+TARGET_AVX2 void int8_tile_avx2(const Int8Weights& W, int64_t i, const FloatRows& a, int64_t r0, float* y,
+                                int64_t y_stride) {
+  const int8_t* w = W.w + i * W.k;
+  __m256 acc[R][kInt8Chains];
+  for (auto& row : acc)
+    for (__m256& v : row) v = _mm256_setzero_ps();
+  const float* rows[R];
+  a.rows(r0, rows);
+  int64_t j = 0;
+  for (; j + 8 * kInt8Chains <= W.k; j += 8 * kInt8Chains) {
+    prefetch_ahead(reinterpret_cast<const uint8_t*>(w + j));
+    __m256 f[kInt8Chains];
+    for (int c = 0; c < kInt8Chains; ++c)
+      f[c] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + j + 8 * c))));
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < kInt8Chains; ++c) acc[r][c] = _mm256_fmadd_ps(f[c], _mm256_loadu_ps(rows[r] + j + 8 * c), acc[r][c]);
+  }
+  for (int c = 0; j < W.k; j += 8, ++c) {  // the last 16 weights where k % 32 == 16: chains 0 and 1
+    const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + j))));
+    for (int r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(f, _mm256_loadu_ps(rows[r] + j), acc[r][c]);
+  }
+  for (int r = 0; r < R; ++r)
+    y[r * y_stride] = sum_lanes_avx2(_mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]),
+                                                   _mm256_add_ps(acc[r][2], acc[r][3]))) * W.scales[i];
+}
+
+template <int R>
+TARGET_AVX512 void int8_tile_avx512(const Int8Weights& W, int64_t i, const FloatRows& a, int64_t r0, float* y,
+                                    int64_t y_stride) {
+  const int8_t* w = W.w + i * W.k;
+  __m512 acc[R][kInt8Chains];
+  for (auto& row : acc)
+    for (__m512& v : row) v = _mm512_setzero_ps();
+  const float* rows[R];
+  a.rows(r0, rows);
+  int64_t j = 0;
+  for (; j + 16 * kInt8Chains <= W.k; j += 16 * kInt8Chains) {
+    prefetch_ahead(reinterpret_cast<const uint8_t*>(w + j));
+    __m512 f[kInt8Chains];
+    for (int c = 0; c < kInt8Chains; ++c)
+      f[c] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + j + 16 * c))));
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < kInt8Chains; ++c) acc[r][c] = _mm512_fmadd_ps(f[c], _mm512_loadu_ps(rows[r] + j + 16 * c), acc[r][c]);
+  }
+  for (int c = 0; j < W.k; j += 16, ++c) {  // up to 3 vectors left: chains 0, 1, 2
+    const __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + j))));
+    for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(f, _mm512_loadu_ps(rows[r] + j), acc[r][c]);
+  }
+  for (int r = 0; r < R; ++r)
+    y[r * y_stride] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]),
+                                                         _mm512_add_ps(acc[r][2], acc[r][3]))) * W.scales[i];
+}
+
+// dequantize_int8: float(w) * scale, one rounding, as torch's w.float() * scales[:, None]; the same source for
+// each instruction set, which the compiler vectorises (the products are independent: the same bits on each)
+INLINE void dequantize_int8_rows(const int8_t* w, const float* scales, int64_t rows, int64_t k, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float s = scales[r];
+    for (int64_t j = 0; j < k; ++j) out[r * k + j] = static_cast<float>(w[r * k + j]) * s;
+  }
+}
+using DequantizeInt8 = void (*)(const int8_t* w, const float* s, int64_t rows, int64_t k, float* out);
+void dequantize_int8_plain(const int8_t* w, const float* s, int64_t rows, int64_t k, float* out) {
+  dequantize_int8_rows(w, s, rows, k, out);
+}
+TARGET_AVX2 void dequantize_int8_avx2(const int8_t* w, const float* s, int64_t rows, int64_t k, float* out) {
+  dequantize_int8_rows(w, s, rows, k, out);
+}
+TARGET_AVX512 void dequantize_int8_avx512(const int8_t* w, const float* s, int64_t rows, int64_t k, float* out) {
+  dequantize_int8_rows(w, s, rows, k, out);
+}
+
 // ---- picking the path
 
 enum class Isa : int { scalar = 0, avx2 = 1, avx512 = 2, avx512_vnni = 3 };
@@ -889,6 +1000,84 @@ void dequantize_blocks(const at::Tensor& blocks, int64_t qtype, const at::Tensor
   }
 }
 
+
+// ---- int8_matmul and dequantize_int8 (the int8 kernels above)
+
+using Int8TileOf = void (*)(const Int8Weights& W, int64_t i, const FloatRows& a, int64_t r0, float* y, int64_t y_stride);
+using Int8Tiles = std::array<Int8TileOf, kTileRows>;  // [rows - 1]
+
+Int8Tiles int8_tiles_for(Isa isa) {
+  switch (isa) {
+    case Isa::avx512_vnni:
+    case Isa::avx512: return {int8_tile_avx512<1>, int8_tile_avx512<2>, int8_tile_avx512<3>, int8_tile_avx512<4>};
+    case Isa::avx2: return {int8_tile_avx2<1>, int8_tile_avx2<2>, int8_tile_avx2<3>, int8_tile_avx2<4>};
+    case Isa::scalar: break;
+  }
+  return {int8_tile_plain<1>, int8_tile_plain<2>, int8_tile_plain<3>, int8_tile_plain<4>};
+}
+
+void check_int8_weights(const char* op, const at::Tensor& w, const at::Tensor& scales) {
+  TORCH_CHECK(w.device().is_cpu() && scales.device().is_cpu(), op, ": CPU tensors only");
+  TORCH_CHECK(w.scalar_type() == at::kChar, op, ": w must be int8, got ", w.scalar_type());
+  TORCH_CHECK(scales.scalar_type() == at::kFloat, op, ": scales must be float32, got ", scales.scalar_type());
+  TORCH_CHECK(w.dim() == 2 && scales.dim() == 1 && scales.size(0) == w.size(0), op,
+              ": w must be [n, k] and scales [n], got ", w.sizes(), " and ", scales.sizes());
+  TORCH_CHECK(w.is_contiguous() && scales.is_contiguous(), op, ": w and scales must be contiguous");
+}
+
+at::Tensor int8_matmul(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales) {
+  check_int8_weights("int8_matmul", w, scales);
+  TORCH_CHECK(x.device().is_cpu(), "int8_matmul: CPU tensors only");
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "int8_matmul: x must be float32, got ", x.scalar_type());
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == w.size(1), "int8_matmul: x must be [m, k] for w [n, k], got ", x.sizes(),
+              " and ", w.sizes());
+  const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
+  TORCH_CHECK(k > 0 && k % kInt8Weights == 0, "int8_matmul: k = ", k, " must be a positive multiple of ",
+              kInt8Weights);
+  at::Tensor y = at::empty({m, n}, x.options());
+  if (m == 0 || n == 0) return y;
+  const at::Tensor xc = x.contiguous();
+  const FloatRows a{xc.data_ptr<float>(), k, 0};
+  const Int8Weights W{w.data_ptr<int8_t>(), scales.data_ptr<float>(), k};
+  const Int8Tiles tiles = int8_tiles_for(g_isa.load());
+  float* yp = y.data_ptr<float>();
+  const int64_t chunks = (n + kChunkRows - 1) / kChunkRows;
+  #pragma omp parallel for schedule(static) if (n >= kMinParallelRows)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t first = c * kChunkRows, end = std::min(n, first + kChunkRows);
+    for (int64_t r0 = 0; r0 < m; r0 += kTileRows) {
+      const Int8TileOf tile = tiles[std::min<int64_t>(kTileRows, m - r0) - 1];
+      for (int64_t i = first; i < end; ++i) tile(W, i, a, r0, yp + r0 * n + i, n);
+    }
+  }
+  return y;
+}
+
+void dequantize_int8(const at::Tensor& w, const at::Tensor& scales, const at::Tensor& out) {
+  check_int8_weights("dequantize_int8", w, scales);
+  TORCH_CHECK(out.device().is_cpu() && out.scalar_type() == at::kFloat && out.is_contiguous(),
+              "dequantize_int8: out must be a contiguous float32 CPU tensor");
+  TORCH_CHECK(out.sizes() == w.sizes(), "dequantize_int8: out ", out.sizes(), " is not w's shape ", w.sizes());
+  const int64_t rows = w.size(0), k = w.size(1);
+  if (rows == 0 || k == 0) return;
+  DequantizeInt8 run_rows = dequantize_int8_plain;
+  switch (g_isa.load()) {
+    case Isa::avx512_vnni:
+    case Isa::avx512: run_rows = dequantize_int8_avx512; break;
+    case Isa::avx2: run_rows = dequantize_int8_avx2; break;
+    case Isa::scalar: break;
+  }
+  const int8_t* wp = w.data_ptr<int8_t>();
+  const float* sp = scales.data_ptr<float>();
+  float* y = out.data_ptr<float>();
+  const int64_t chunks = (rows + kDequantizeChunkRows - 1) / kDequantizeChunkRows;
+  #pragma omp parallel for schedule(static) if (rows * k >= kMinParallelWeights)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t first = c * kDequantizeChunkRows, count = std::min(kDequantizeChunkRows, rows - first);
+    run_rows(wp + first * k, sp + first, count, k, y + first * k);
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(flotilla, m) {
@@ -896,9 +1085,13 @@ TORCH_LIBRARY_FRAGMENT(flotilla, m) {
   m.def("kernel_isa(str wanted) -> str", &kernel_isa);
   m.def("kernel_activations(str wanted) -> str", &kernel_activations);
   m.def("dequantize_blocks(Tensor blocks, int qtype, Tensor(a!) out) -> ()");
+  m.def("int8_matmul(Tensor x, Tensor w, Tensor scales) -> Tensor");
+  m.def("dequantize_int8(Tensor w, Tensor scales, Tensor(a!) out) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(flotilla, CPU, m) {
   m.impl("quant_matmul", quant_matmul);
   m.impl("dequantize_blocks", dequantize_blocks);
+  m.impl("int8_matmul", int8_matmul);
+  m.impl("dequantize_int8", dequantize_int8);
 }
