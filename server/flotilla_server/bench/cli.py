@@ -29,6 +29,9 @@ COMMANDS = {
     "priorities": ("flotilla_server.bench.priorities",
                    "request classes and tenant caps under load: interactive chat beside a batch flood, batch "
                    "throughput and weighted share, one tenant flooding beside another"),
+    "llamacpp": ("flotilla_server.bench.llama_compare",
+                 "Flotilla against llama.cpp's own llama-server on the same GGUF file: streamed tokens/s at 1 and 16 "
+                 "clients, as the machine runs and with the AVX2 paths forced"),
 }
 DESCRIPTION = ("Benchmarks of flotilla-server: `offline` drives the engine directly, `online` any "
                "OpenAI-compatible server over HTTP. Figures and how they were recorded: docs/benchmarks.md.")
