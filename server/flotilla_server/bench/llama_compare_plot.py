@@ -6,10 +6,11 @@ Also a command, to redraw the plot of a report already written:
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from flotilla_server.bench.figures import redraw_main, save_figure
 
 SERVERS = (("flotilla", "Flotilla (gguf blocks)", "tab:blue"), ("flotilla-float32", "Flotilla (float32)", "tab:cyan"),
            ("llama-server", "llama-server", "tab:orange"))
@@ -49,19 +50,8 @@ def plot_llama(report: dict[str, Any], path: Path) -> None:
                  f"streamed tokens a request\non {cpu.get('model_name')} ({cpu.get('cpus')} CPUs); "
                  f"bars: median of {report['config']['rounds']} interleaved rounds; dots: rounds; "
                  "ratios: over llama-server", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m flotilla_server.bench.llama_compare_plot REPORT.json PLOT.png", file=sys.stderr)
-        return 2
-    plot_llama(json.loads(Path(argv[0]).read_text()), Path(argv[1]))
-    return 0
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(redraw_main(sys.argv[1:], __spec__.name, plot_llama))

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from flotilla_server.bench.figures import save_figure
+
 MODE_COLORS = {"continuous": "#2a7", "static": "#58c", "static_unpadded": "#9bd", "sequential": "#c85",
                "transformers": "#999"}
 # what each mode means, printed under the table so that the two static figures are not confused
@@ -61,7 +63,4 @@ def plot_results(report: dict[str, Any], path: Path) -> None:
         ax2.set_ylabel("sequences in the step")
         ax2.set_title(f"kv_utilization {_fmt(w.get('kv_utilization'), '.3f')}, "
                       f"forward_fraction {_fmt(w.get('forward_fraction'), '.3f')}", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from flotilla_server.bench.figures import save_figure
 from flotilla_server.bench.online_stats import RequestRecord
 
 
@@ -43,7 +44,4 @@ def plot_run(records: list[RequestRecord], summary: dict[str, Any], path: Path) 
     ax_tp.set_title(f"concurrency {cfg.get('concurrency')}: {summary['output_token_throughput_per_s']:.0f} tok/s")
     ax_tp.grid(alpha=0.3)
     fig.suptitle(f"flotilla-bench online — {cfg.get('model', '')}, {summary['completed']} requests")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)

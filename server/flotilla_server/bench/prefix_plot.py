@@ -6,10 +6,11 @@ Also a command, to redraw the plot of a report already written:
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from flotilla_server.bench.figures import redraw_main, save_figure
 
 FIGURES = (  # report key, axis label, scale to display units
     ("prefill_tokens", "prefill tokens computed", 1.0),
@@ -41,19 +42,8 @@ def plot_prefix(report: dict[str, Any], path: Path) -> None:
         f"{w['prefix_len']} tokens + {w['question_len']}-token questions\nprefill {report['prefill_tokens_ratio']:.2f}x "
         f"fewer (ceiling {report['ceiling_prefill_ratio']:.2f}x), TTFT p50 {report['ttft_p50_ratio']:.2f}x lower "
         f"(bars: median of {w['runs']}; dots: runs)", fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m flotilla_server.bench.prefix_plot REPORT.json PLOT.png", file=sys.stderr)
-        return 2
-    plot_prefix(json.loads(Path(argv[0]).read_text()), Path(argv[1]))
-    return 0
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(redraw_main(sys.argv[1:], __spec__.name, plot_prefix))

@@ -7,7 +7,6 @@ report already written: `python -m flotilla_server.bench.priorities_report REPOR
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
@@ -16,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from flotilla_contract.classes import BATCH, DEFAULT_CLASS_WEIGHTS, INTERACTIVE, TENANT_LIMIT
+
+from flotilla_server.bench.figures import redraw_main, save_figure
 
 CASES: dict[str, tuple[str, tuple[str, ...]]] = {  # name: (title, arms)
     "flood": ("batch flood + light interactive chat", ("idle", "fifo", "classes")),
@@ -288,19 +289,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
          f"when it floods: {_fmt(val('tenant_flood', 'A.' + TENANT_LIMIT))}", "ms")
     cfg = report.get("config", {})
     fig.suptitle(f"flotilla-bench priorities — tiny, {cfg.get('slots')} slots, median of {cfg.get('runs')} run(s)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m flotilla_server.bench.priorities_report REPORT.json PLOT.png", file=sys.stderr)
-        return 2
-    plot(json.loads(Path(argv[0]).read_text()), Path(argv[1]))
-    return 0
+    save_figure(fig, path)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(redraw_main(sys.argv[1:], __spec__.name, plot))

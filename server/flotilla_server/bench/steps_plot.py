@@ -8,10 +8,11 @@ Also a command, to redraw the plot of a report already written:
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
+
+from flotilla_server.bench.figures import redraw_main, save_figure
 
 PARTS = (  # split-run key, legend label, colour
     ("forward_rest_s", "forward: matmuls, norms, activations", "tab:blue"),
@@ -52,13 +53,8 @@ def plot_steps(report: dict[str, Any], path: Path) -> None:
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     ax.set_title(f"flotilla-bench steps — {report.get('dtype', 'float32')}, threads={report['threads']}, "
                  f"context {report['context']}, median of {report['steps']} steps", fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: python -m flotilla_server.bench.steps_plot REPORT.json PLOT.png")
-    plot_steps(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2]))
+    sys.exit(redraw_main(sys.argv[1:], __spec__.name, plot_steps))
