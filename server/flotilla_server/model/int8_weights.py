@@ -14,7 +14,7 @@ float32 copy 4 (and 4 more for the packed copy the float matmuls keep).
   same bits on any thread count. From MANY_ROWS rows, as for GGUF blocks (model/quant_blocks.py says why),
   the native `dequantize_int8` decodes TILE_BYTES of float32 weights at a time into one buffer and torch.mm
   multiplies each tile. Without the library (or with x not float32 on CPU), a torch fallback decodes about
-  1 MiB of weights at a time and multiplies each tile with F.linear.
+  1 MiB of weights at a time and multiplies each tile with torch.mm (quant_blocks.linear_by_tiles).
 - `dequantize_int8_rows(w, scales, dtype)`: w * scales[:, None] (an embedding lookup decodes only its rows).
 
 Rule: the kernels take k (a layer's in_features) a multiple of INT8_K_MULTIPLE (16: a row is whole vectors
@@ -25,11 +25,10 @@ before loading it.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from .config import INT8_K_MULTIPLE
 from .native_gemv import native_op
-from .quant_blocks import FALLBACK_TILE_BYTES, MANY_ROWS, TILE_BYTES
+from .quant_blocks import FALLBACK_TILE_BYTES, MANY_ROWS, TILE_BYTES, linear_by_tiles
 
 __all__ = ["INT8_K_MULTIPLE", "dequantize_int8_rows", "int8_matmul", "quantize_int8"]
 
@@ -70,27 +69,10 @@ def int8_matmul(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor) -> torch
 
 
 def _linear_by_native_tiles(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """The many-row path: TILE_BYTES of weights at a time decoded natively into one buffer, each tile's
-    products written by torch.mm straight into its columns of y."""
-    n, k = w.shape
-    tile_rows = max(1, TILE_BYTES // (4 * k))
-    x = x.contiguous()
-    y = torch.empty(x.shape[0], n, dtype=torch.float32)
-    buffer = torch.empty(min(tile_rows, n), k, dtype=torch.float32)
-    for start in range(0, n, tile_rows):
-        count = min(tile_rows, n - start)
-        weight = buffer[:count]
-        _dequantize_int8(w[start:start + count], scales[start:start + count], weight)
-        torch.mm(x, weight.t(), out=y[:, start:start + count])
-    return y
+    return linear_by_tiles(x, w.shape[0], TILE_BYTES,
+                           lambda start, end, out: _dequantize_int8(w[start:end], scales[start:end], out))
 
 
 def _linear_by_tiles(x: torch.Tensor, w: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    n, k = w.shape
-    tile_rows = max(1, FALLBACK_TILE_BYTES // (4 * k))
-    y = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
-    for start in range(0, n, tile_rows):
-        end = min(n, start + tile_rows)
-        weight = dequantize_int8_rows(w[start:end].to(x.device), scales[start:end].to(x.device), x.dtype)
-        y[:, start:end] = F.linear(x, weight)
-    return y
+    return linear_by_tiles(x, w.shape[0], FALLBACK_TILE_BYTES, lambda start, end, out: out.copy_(
+        dequantize_int8_rows(w[start:end].to(x.device), scales[start:end].to(x.device), x.dtype)))

@@ -6,7 +6,7 @@ budget is the bytes each model holds; a Q8_0 weight is 8.5 bits, Q4_1 5, Q4_0 4.
 
 - `quant_matmul(x, blocks, qtype)`: x @ dequantize(blocks).T in float32, by the native kernel
   (model/kernels/quant_matmul.cpp) when the kernels are built, else by a torch fallback that decodes about
-  1 MiB of weights at a time and multiplies each tile with F.linear (the whole float matrix is never held).
+  1 MiB of weights at a time and multiplies each tile with torch.mm (the whole float matrix is never held).
   From MANY_ROWS rows of x (float activations) the many-row path runs instead: the native dequantizer
   decodes TILE_BYTES of float32 weights at a time into one reused buffer, and torch.mm (MKL's sgemm) writes
   each tile's products straight into its columns of y. Why: from a few dozen rows the products are bound by
@@ -48,8 +48,9 @@ Block layouts (llama.cpp's ggml-common.h; each block is 32 consecutive weights o
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
-import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 
 from .native_gemv import native_op
@@ -125,31 +126,34 @@ def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int) -> torch.Ten
     return y.reshape(*x.shape[:-1], blocks.shape[0])
 
 
-def _linear_by_native_tiles(x: torch.Tensor, blocks: torch.Tensor, qtype: int) -> torch.Tensor:
-    """The many-row path: TILE_BYTES of weights at a time decoded by the native dequantizer into one buffer,
-    each tile's products written by torch.mm straight into its columns of y."""
-    n, k = blocks.shape[0], x.shape[1]
-    tile_rows = max(1, TILE_BYTES // (4 * k))
+def linear_by_tiles(x: torch.Tensor, n: int, tile_bytes: int,
+                    decode: Callable[[int, int, torch.Tensor], None]) -> torch.Tensor:
+    """x [m, k] @ W.T for W [n, k] that is never held whole: `decode(start, end, out)` writes its rows
+    start:end into `out`, one reused buffer of about `tile_bytes` in x's dtype, and torch.mm writes each
+    tile's products straight into its columns of y. The many-row path and the torch fallback of every
+    quantized weight (GGUF blocks here, int8 rows in int8_weights.py)."""
+    k = x.shape[1]
+    tile_rows = max(1, tile_bytes // (4 * k))
     x = x.contiguous()
-    blocks = blocks.contiguous()
-    y = torch.empty(x.shape[0], n, dtype=torch.float32)
-    buffer = torch.empty(min(tile_rows, n), k, dtype=torch.float32)
+    y = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+    buffer = torch.empty(min(tile_rows, n), k, dtype=x.dtype, device=x.device)
     for start in range(0, n, tile_rows):
-        count = min(tile_rows, n - start)
-        weight = buffer[:count]
-        _dequantize_blocks(blocks[start:start + count], qtype, weight)
-        torch.mm(x, weight.t(), out=y[:, start:start + count])
+        end = min(n, start + tile_rows)
+        weight = buffer[:end - start]
+        decode(start, end, weight)
+        torch.mm(x, weight.t(), out=y[:, start:end])
     return y
+
+
+def _linear_by_native_tiles(x: torch.Tensor, blocks: torch.Tensor, qtype: int) -> torch.Tensor:
+    blocks = blocks.contiguous()
+    return linear_by_tiles(x, blocks.shape[0], TILE_BYTES,
+                           lambda start, end, out: _dequantize_blocks(blocks[start:end], qtype, out))
 
 
 def _linear_by_tiles(x: torch.Tensor, blocks: torch.Tensor, qtype: int) -> torch.Tensor:
-    n, k = blocks.shape[0], x.shape[-1]
-    tile_rows = max(1, FALLBACK_TILE_BYTES // (4 * k))
-    y = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
-    for start in range(0, n, tile_rows):
-        weight = dequantize_rows(blocks[start:start + tile_rows].to(x.device), qtype, x.dtype)
-        y[:, start:start + weight.shape[0]] = F.linear(x, weight)
-    return y
+    return linear_by_tiles(x, blocks.shape[0], FALLBACK_TILE_BYTES, lambda start, end, out: out.copy_(
+        dequantize_rows(blocks[start:end].to(x.device), qtype, x.dtype)))
 
 
 def active_isa() -> str:

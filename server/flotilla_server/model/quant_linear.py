@@ -10,8 +10,8 @@ float32 copy 32 (plus oneDNN's packed copy of it: 64).
 Rules:
 - the blocks are the file's bytes, rows reordered only where the runtime's layout needs it (llama.cpp's
   permuted Q and K rows); activations and accumulators are float32, whatever `--dtype` the rest computes in;
-- a fused projection (Q/K/V, gate/up) is its parts' blocks side by side: one product per part, so parts may
-  hold different types (Q4_K_M files give V a wider type than Q and K);
+- a fused projection (Q/K/V, gate/up) is its parts' blocks stacked: one product per run of parts of one
+  type, so parts may hold different types (Q4_K_M files give V a wider type than Q and K);
 - an embedding lookup dequantizes only the rows it reads; a tied head multiplies by the same blocks, so the
   model holds one copy of the vocabulary's weights;
 - no packed or float copy is kept: `weight_bytes` is what the module holds.
@@ -28,12 +28,24 @@ from .int8_weights import dequantize_int8_rows, int8_matmul, quantize_int8
 from .quant_blocks import dequantize_rows, quant_matmul
 
 
+def _merged(parts: Sequence[tuple[torch.Tensor, int]]) -> list[tuple[torch.Tensor, int]]:
+    runs: list[tuple[list[torch.Tensor], int]] = []
+    for blocks, qtype in parts:
+        if runs and runs[-1][1] == int(qtype):
+            runs[-1][0].append(blocks)
+        else:
+            runs.append(([blocks], int(qtype)))
+    return [(blocks[0] if len(blocks) == 1 else torch.cat(blocks), qtype) for blocks, qtype in runs]
+
+
 class QuantizedLinear(nn.Module):
     def __init__(self, in_features: int, parts: Sequence[tuple[torch.Tensor, int]], bias: torch.Tensor | None = None,
                  dtype: torch.dtype = torch.float32) -> None:
-        """`parts`: (uint8 blocks [rows, bytes per row], GGML type id), in output order."""
+        """`parts`: (uint8 blocks [rows, bytes per row], GGML type id), in output order. Neighbouring parts of
+        one type are held as one (their rows stacked): a step then makes one product and no concatenation."""
         super().__init__()
         self.in_features = in_features
+        parts = _merged(parts)
         self.qtypes = tuple(int(qtype) for _, qtype in parts)
         for i, (blocks, _) in enumerate(parts):
             self.register_buffer(f"blocks{i}", blocks.contiguous(), persistent=False)

@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
+from flotilla_server.model import quant_blocks
 
 from tests.support.hf_models import make_hf_model_dir
 
@@ -36,3 +38,19 @@ def hf_model_dir(tmp_path_factory: pytest.TempPathFactory):
         return cache[variant]
 
     return get
+
+
+@pytest.fixture
+def restore_isa():
+    """The native kernels' instruction set as it was, after a test that forces others."""
+    before = quant_blocks.active_isa()
+    yield
+    quant_blocks.force_isa(before)
+
+
+@pytest.fixture
+def threads():
+    """torch's thread count as it was, after a test that sets it."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)

@@ -32,30 +32,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from .kernel_isas import available_isas
+
 ROWS = [1, 2, 3, 4, 8, 16, 64]
 SHAPES = [(n, k) for n in (1, 7, 33, 97) for k in (16, 48, 80, 576)]  # k % 64: 16, 48, 16, 0 (every tail)
-ISAS = ("scalar", "avx2", "avx512", "avx512_vnni")
 
 native = pytest.mark.skipif(int8_weights._int8_matmul is None,
                             reason="the native kernels are not built (make setup runs scripts/build_kernels.py)")
 
 
-@pytest.fixture
-def restore_isa():
-    before = quant_blocks.active_isa()
-    yield
-    force_isa(before)
 
-
-@pytest.fixture
-def threads():
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
-
-
-def available_isas() -> list[str]:
-    return sorted({force_isa(name) for name in ISAS}, key=ISAS.index)
 
 
 def weights(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

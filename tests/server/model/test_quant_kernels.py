@@ -65,21 +65,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from .kernel_isas import available_isas
+
 TYPES = [Q8_0, Q4_0, Q4_1]
 ROWS = [1, 2, 3, 4, 8, 16, 64]
 SHAPES = [(n, k) for n in (1, 7, 33, 97) for k in (32, 96, 160, 608)]  # k: blocks, not SIMD widths
 LONG_ROWS = [(9, 32 * 131)]  # the float path's SIMD code converts scales per 64 blocks: 64 + 64 + 3
-ISAS = ("scalar", "avx2", "avx512", "avx512_vnni")
 
 native = pytest.mark.skipif(quant_blocks._quant_matmul is None,
                             reason="the native kernels are not built (make setup runs scripts/build_kernels.py)")
 
-
-@pytest.fixture
-def restore_isa():
-    before = quant_blocks.active_isa()
-    yield
-    force_isa(before)
 
 
 @contextlib.contextmanager
@@ -104,12 +99,6 @@ def float_activations():
     with activations_forced("float"):
         yield
 
-
-@pytest.fixture
-def threads():
-    before = torch.get_num_threads()
-    yield
-    torch.set_num_threads(before)
 
 
 @functools.cache
@@ -174,9 +163,6 @@ def on(isa: str, function, *args):
     assert force_isa(isa) == isa
     return function(*args)
 
-
-def available_isas() -> list[str]:
-    return sorted({force_isa(name) for name in ISAS}, key=ISAS.index)
 
 
 def on_one_and_two_threads(isa: str, x: torch.Tensor, blocks: torch.Tensor, qtype: GGMLQuantizationType):
