@@ -31,6 +31,8 @@ DEFAULT_POOL_KV_CACHE_MEMORY = "256Mi"  # each loaded model's fixed KV pool, cou
 DEFAULT_LOAD_TIMEOUT_S = 120.0
 DEFAULT_MIN_RESIDENCY_S = 60.0
 DTYPES = ("float32", "bfloat16", "float16")
+# --dtype: a dtype, or auto (the default): the server picks one per model (model/dtype_choice.py)
+DTYPE_CHOICES = ("auto", *DTYPES)
 # how weights are held (docs/models.md, "Quantization"); unset: gguf for a .gguf file, none otherwise
 QUANTIZATIONS = ("none", "gguf", "int8")
 SMALL_STEP_MAX_ROWS = 4  # a step of at most this many rows may borrow the HTTP core (--small-step-threads)
@@ -143,7 +145,11 @@ SERVER_FLAGS: tuple[Flag, ...] = (
          "On SIGTERM, how long in-flight requests may take to finish before the process exits, seconds."),
     Flag("--prefix-caching", "prefix_caching", "str", "on",
          "Reuse the KV blocks of prompts' common prefixes (system prompts, earlier turns): on or off."),
-    Flag("--dtype", "dtype", "str", "float32", f"Weights and KV-cache dtype: {', '.join(DTYPES)}."),
+    Flag("--dtype", "dtype", "str", "auto",
+         f"Weights and KV-cache dtype: {', '.join(DTYPE_CHOICES)}. auto picks per model: on a GPU bfloat16; on CPU "
+         "float32 for weights held as gguf or int8 (their kernels multiply float32), else bfloat16 where the CPU "
+         "computes it natively (avx512_bf16 or AMX) and float32 where it would be emulated. The log says which "
+         "and why."),
     Flag("--quantization", "quantization", "str", None,
          f"How weights are held: {', '.join(QUANTIZATIONS)}. gguf keeps a .gguf file's Q8_0, Q4_0 and Q4_1 blocks "
          "as they are on CPU (other types are dequantized to --dtype); int8 quantizes any model's projections, "

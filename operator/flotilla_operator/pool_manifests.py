@@ -39,7 +39,7 @@ from flotilla_operator.manifests import _resources as resources  # reads only .r
 from flotilla_operator.model_source import MODELS_DIR
 from flotilla_operator.placement import render_placement
 from flotilla_operator.pool_members import Member, members_file
-from flotilla_operator.server_args import PORT, class_values, flag
+from flotilla_operator.server_args import PORT, class_values, flag, server_dtype
 from flotilla_operator.server_env import server_env
 
 MEMBERS_DIR = "/etc/flotilla/pool"
@@ -131,7 +131,7 @@ def pool_server_args(spec: pool_types.ModelPoolSpec) -> list[str]:
         ("--queue-depth-per-slot", server.queue_depth_per_slot),
         ("--queue-timeout-s", float(server.queue_timeout_seconds)),
         ("--drain-timeout-s", float(server.drain_timeout_seconds)),
-        ("--dtype", server.dtype or ("bfloat16" if gpu else "float32")),
+        ("--dtype", server_dtype(server, spec.resources.gpus)),
         ("--device", "cuda" if gpu else "cpu"),
     ]
     if server.max_model_len is not None:

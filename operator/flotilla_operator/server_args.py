@@ -21,8 +21,10 @@ def device(spec: InferenceModelSpec) -> str:
     return "cuda" if spec.resources.gpus > 0 else "cpu"
 
 
-def dtype(spec: InferenceModelSpec) -> str:
-    return spec.server.dtype or ("bfloat16" if spec.resources.gpus > 0 else "float32")
+def server_dtype(server: ServerSpec, gpus: int) -> str:
+    """`--dtype` of a model's or a pool's pods: spec.server.dtype, or unset bfloat16 on a GPU and `auto` on CPU
+    (the server picks bfloat16 where the CPU computes it, else float32: docs/serving.md, "dtype")."""
+    return server.dtype or ("bfloat16" if gpus > 0 else "auto")
 
 
 def kv_cache_bytes(spec: InferenceModelSpec) -> int | None:
@@ -92,7 +94,7 @@ def render_server_args(spec: InferenceModelSpec, model_arg: str) -> list[str]:
         ("--queue-depth-per-slot", server.queue_depth_per_slot),
         ("--queue-timeout-s", float(server.queue_timeout_seconds)),
         ("--drain-timeout-s", float(server.drain_timeout_seconds)),
-        ("--dtype", dtype(spec)),
+        ("--dtype", server_dtype(spec.server, spec.resources.gpus)),
         ("--device", device(spec)),
     ]
     if server.quantization is not None:

@@ -395,8 +395,10 @@ class ServerSpec(ApiModel):
     drain_timeout_seconds: float = Field(
         server_flags.DEFAULT_DRAIN_TIMEOUT_S, description="drainTimeoutSeconds is how long in-flight requests may finish after SIGTERM.", ge=0, le=3600
     )
-    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
-        None, description="dtype of weights and KV cache; unset means bfloat16 on GPU and float32 on CPU."
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = Field(
+        None, description="dtype of weights and KV cache. auto lets the server pick per model: on CPU float32 for "
+        "weights held as gguf or int8, else bfloat16 where the CPU computes it natively (avx512_bf16 or AMX) and "
+        "float32 where it would be emulated. Unset means bfloat16 on GPU and auto on CPU."
     )
     quantization: Literal["none", "gguf", "int8"] | None = Field(
         None, description="quantization says how weights are held: gguf keeps a .gguf file's Q8_0, Q4_0 and Q4_1 blocks "

@@ -23,6 +23,7 @@ from flotilla_operator.pool_members import (
     members,
     members_file,
 )
+from flotilla_operator.server_args import server_dtype
 from flotilla_operator.status import Problem
 from flotilla_server.cli import parse_settings
 from flotilla_server.model_cache.specs import parse_list
@@ -196,6 +197,23 @@ def test_the_pool_servers_flags_parse_with_the_servers_own_parser_in_multi_model
     assert (settings.max_num_seqs, settings.port) == (POOL.server.max_num_seqs, 8000)
     assert settings.model_list_file == "/etc/flotilla/pool/models"
     assert settings.memory_budget_bytes == 1024**3
+
+
+@pytest.mark.parametrize(("server", "resources", "dtype"), [
+    ({}, {}, "auto"),  # CPU, unset: the server picks per member and CPU (model/dtype_choice.py)
+    ({"dtype": "float32"}, {}, "float32"),
+    ({}, {"gpus": 1}, "bfloat16"),
+])
+def test_pool_and_model_pods_get_the_same_dtype_rule(server, resources, dtype):
+    pool = pool_types.parse_pool_spec({"volume": {"claimName": "models"}, "memoryBudget": "1Gi", "server": server,
+                                       "resources": resources})
+    args = pool_server_args(pool)
+    assert args[args.index("--dtype") + 1] == dtype
+    dedicated = types.parse_spec({"model": {"name": "m", "source": {"builtin": "tiny"}}, "server": server,
+                                  "resources": resources})
+    assert server_dtype(dedicated.server, dedicated.resources.gpus) == dtype
+    if not resources:
+        assert parse_settings(args, environ={}).dtype == dtype  # the server takes it
 
 
 def test_pool_servers_get_the_classes_of_spec_server():

@@ -15,7 +15,7 @@ from flotilla_contract.flags import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
     DEFAULT_PREFILL_CHUNK,
-    DTYPES,
+    DTYPE_CHOICES,
     QUANTIZATIONS,
 )
 
@@ -31,7 +31,7 @@ class EngineConfig:
     kv_cache_memory_bytes: int | None = None  # pool size in bytes; None: sized from gpu_memory_utilization
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION  # share of device (CPU: container) memory
     max_model_len: int | None = None  # context limit; None: the model's, capped by what the pool holds
-    dtype: str = "float32"
+    dtype: str = "float32"  # or "auto": chosen per model at load (model/dtype_choice.py)
     quantization: str | None = None  # how weights are held (flags.QUANTIZATIONS); None: by the source's kind
     device: str = "cpu"
     seed: int | None = None  # unseeded requests' sampling seed; None: a random one per process
@@ -76,7 +76,7 @@ class EngineConfig:
             raise ValueError(f"kv_cache_memory_bytes must be >= 1, got {self.kv_cache_memory_bytes}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in DTYPE_CHOICES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")

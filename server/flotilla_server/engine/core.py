@@ -10,6 +10,7 @@ its execution, so a plan's block tables stay valid until the forward pass that r
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -36,9 +37,23 @@ from flotilla_server.engine.step_threads import default_small_step_threads
 from flotilla_server.engine.thread_count import describe, measure_count
 from flotilla_server.grammar.tokenizer_info import GrammarTokenizer
 from flotilla_server.model import KVCacheTensors, LoadedModel, load_model
-from flotilla_server.model.loader import torch_dtype
+from flotilla_server.model.dtype_choice import choose_dtype, read_cpu_facts
+from flotilla_server.model.source import resolve_quantization
 
 log = logging.getLogger("flotilla.engine")
+
+
+def _load(config: EngineConfig) -> LoadedModel:
+    """The model in config.dtype, `auto` chosen for this model and machine (model/dtype_choice.py); the
+    choice is logged with why once the weights have loaded (a refused source says only why it is refused)."""
+    on_gpu = config.device != "cpu"
+    choice = choose_dtype(config.dtype, config.device, resolve_quantization(config.model, config.quantization),
+                          read_cpu_facts(os.environ), gpu_has_bfloat16=on_gpu and torch.cuda.is_bf16_supported())
+    loaded = load_model(config.model, choice.dtype, config.device, config.quantization)
+    log.info("dtype %s: %s", choice.dtype, choice.reason)
+    if choice.warning:
+        log.warning("%s", choice.warning)
+    return loaded
 
 
 class EngineCore:
@@ -48,9 +63,9 @@ class EngineCore:
         on_gpu = config.device != "cpu"
         # host memory is read before the weights load, so that they are subtracted once
         host_bytes, host_limited = host_capacity() if not on_gpu else (0, False)  # also bounds an explicit pool
-        self.loaded = loaded or load_model(config.model, config.dtype, config.device, config.quantization)
+        self.loaded = loaded or _load(config)
         mc = self.loaded.config
-        dtype = torch_dtype(config.dtype)
+        dtype = self.loaded.model.compute_dtype  # the KV cache's too
         per_block = KVCacheTensors.bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, dtype)
         # the graphs' gather buffers exist before the pool is sized from free memory: it leaves them room
         graph_gather = (KVCacheTensors.gather_buffers(DEFAULT_GATHER_BUDGET_TOKENS, mc.num_kv_heads, mc.head_dim, dtype,

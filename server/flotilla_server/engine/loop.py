@@ -81,6 +81,7 @@ class EngineLoop:
             num_kv_blocks=self.core.pool.num_blocks, block_size=self.core.pool.block_size,
             description=loaded.description, is_demonstration=loaded.is_demonstration, pid=pid,
             weight_bytes=loaded.model.weight_bytes(), quantization=loaded.model.quantization(),
+            dtype=str(loaded.model.compute_dtype).removeprefix("torch."),
         )
 
     def _on_step(self, record: StepRecord) -> None:

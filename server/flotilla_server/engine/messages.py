@@ -87,6 +87,7 @@ class EngineInfo:
     pid: int = 0  # the process running the engine loop
     weight_bytes: int = 0  # every byte of weights held, packed copies included (DecoderModel.weight_bytes)
     quantization: str = "none"  # how they are held: none, or gguf: and the block types (DecoderModel.quantization)
+    dtype: str = "float32"  # the activations' and KV cache's (flags.DTYPES): `--dtype auto` chosen
 
 
 @dataclass(frozen=True)

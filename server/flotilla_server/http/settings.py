@@ -48,7 +48,7 @@ class ServerSettings:
     tenant_max_queued: int | None = None
     drain_timeout_s: float = f.DEFAULT_DRAIN_TIMEOUT_S
     prefix_caching: str = "on"
-    dtype: str = "float32"
+    dtype: str = "auto"
     quantization: str | None = None
     small_step_threads: int | None = None
     device: str = "cpu"

@@ -24,6 +24,7 @@ from dataclasses import replace
 from flotilla_server.engine.config import EngineConfig
 from flotilla_server.engine.cpu_quota import usable_cpus
 from flotilla_server.engine.messages import EngineOptions
+from flotilla_server.model.dtype_choice import choose_dtype, read_cpu_facts
 from flotilla_server.model.source import check_int8, gguf_tensors, resolve_quantization, source_config
 from flotilla_server.model_cache.engines import ModelEngine
 from flotilla_server.model_cache.footprint import (
@@ -54,6 +55,7 @@ class EngineProcesses:
         # the threads left to engines: OMP_NUM_THREADS (the CLI's default leaves a core to the event loop),
         # within the usable CPUs (the cgroup's quota)
         self.cpu_threads = cpu_threads or threads_for_engines(os.environ.get("OMP_NUM_THREADS"), usable_cpus())
+        self.cpu_facts = read_cpu_facts(os.environ)
 
     def start(self) -> None:
         """Start the forkserver (process mode): it imports torch now, in the background, not in the first load."""
@@ -71,14 +73,16 @@ class EngineProcesses:
         c = self.config
         model = source_config(source)
         held = resolve_quantization(source, quantization or c.quantization)
+        # the dtype the engine will choose (`auto`: engine/core.py logs it); a GPU's float16 costs as bfloat16
+        dtype = choose_dtype(c.dtype, c.device, held, self.cpu_facts).dtype
         if held == "gguf":
-            weights = gguf_weight_bytes(model, gguf_tensors(source), c.dtype, c.device)
+            weights = gguf_weight_bytes(model, gguf_tensors(source), dtype, c.device)
         elif held == "int8":
             check_int8(model, c.device)  # as the loader will, before any weight is read
-            weights = int8_weight_bytes(model, c.dtype, c.device)
+            weights = int8_weight_bytes(model, dtype, c.device)
         else:
-            weights = dense_weight_bytes(model, c.dtype, c.device)
-        return model_bytes(model, weights, c.dtype, c.block_size, c.num_kv_blocks, c.kv_cache_memory_bytes or 0)
+            weights = dense_weight_bytes(model, dtype, c.device)
+        return model_bytes(model, weights, dtype, c.block_size, c.num_kv_blocks, c.kv_cache_memory_bytes or 0)
 
     def load(self, name: str, source: str, models_at_once: int = 1, quantization: str | None = None) -> ModelEngine:
         from flotilla_server.engine.client import EngineStartError
@@ -97,7 +101,7 @@ class EngineProcesses:
             info = engine.start()
         except EngineStartError as e:
             raise ValueError(str(e)) from None
-        kv = info.num_kv_blocks * kv_block_bytes(model_config, info.block_size, config.dtype)
+        kv = info.num_kv_blocks * kv_block_bytes(model_config, info.block_size, info.dtype)
         return ModelEngine(name=name, source=source, engine=engine, tokenizer=info.tokenizer,
                            vocab_size=info.vocab_size, max_model_len=info.max_model_len,
                            memory_bytes=info.weight_bytes + kv, description=info.description,

@@ -55,6 +55,9 @@ def run_server(*args: str, tmp_path: Path, startup_timeout_s: float = 120.0,
     cmd = [sys.executable, "-m", "flotilla_server.cli", *model_args, "--host", "127.0.0.1",
            "--port", str(port), *args]
     full_env = {**os.environ, **(env or {})}
+    if "--dtype" not in (*args, *model_args):
+        # float32 on every machine unless a test asks (`--dtype auto` picks bfloat16 on some CPUs)
+        full_env.setdefault("FLOTILLA_DTYPE", "float32")
     if cpus is not None:
         full_env.pop("OMP_NUM_THREADS", None)
     with log_path.open("w") as log:
