@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "server" / "flotilla_server" / "model" / "kernels"
-SOURCES = [KERNELS / "gemv.cpp", KERNELS / "quant_matmul.cpp"]
+SOURCES = sorted(KERNELS.glob("*.cpp"))  # every kernel source: one library, one op registry
 LIBRARY = KERNELS / "build" / "libflotilla_kernels.so"
 STAMP = LIBRARY.with_suffix(".stamp")
 

@@ -5,7 +5,10 @@
 #      torch.cuda.mem_get_info from another process), with and without CUDA graphs;
 #   2. the default (decode steps replayed from captured CUDA graphs) against eager steps (--cuda-graphs off)
 #      over HTTP, 1 and 16 clients;
-#   3. the engine's equality with transformers and the graph tests on the GPU (FLOTILLA_TEST_DEVICE=cuda).
+#   3. the engine's equality with transformers and the graph tests on the GPU (FLOTILLA_TEST_DEVICE=cuda);
+#   4. --quantization fp8 (e4m3 projections, torch._scaled_mm) against bfloat16: weight memory and KV blocks
+#      after start-up, tokens/s at 1 and 16 clients, and top-1 agreement teacher-forced over 1,024 tokens of
+#      tests/server/model/texts/public_domain.txt.
 # Usage: scripts/gpu_checks.sh [OUT_DIR]. Needs python3 with torch (CUDA), transformers, httpx and the
 # server's own dependencies (on a machine without an index, install wheels first). Writes a log per step and
 # summary.json into OUT_DIR.
@@ -54,6 +57,24 @@ PY
 }
 serve eager --cuda-graphs off
 serve default
+serve fp8 --quantization fp8
+
+(cd "$ROOT" && timeout 240 python3 - "$MODEL_DIR" "$DEVICE" <<'PY') >"$OUT/fp8-agreement.json" 2>"$OUT/fp8-agreement.log"
+import json, sys
+import torch
+from flotilla_server.model import load_model
+from tests.server.model.test_quantized_accuracy import TEXT, teacher_forced_chunks
+model_dir, device = sys.argv[1], sys.argv[2]
+bf16 = load_model(model_dir, "bfloat16", device, "none")
+fp8 = load_model(model_dir, "bfloat16", device, "fp8")
+ids = bf16.tokenizer.encode(TEXT.read_text())[:1024]
+agree = kl = 0.0
+for a, b in zip(teacher_forced_chunks(fp8.model, ids, device), teacher_forced_chunks(bf16.model, ids, device), strict=True):
+    agree += (a.argmax(-1) == b.argmax(-1)).sum().item()
+    kl += torch.nn.functional.kl_div(a.float(), b.float(), log_target=True, reduction="sum").item()
+print(json.dumps({"tokens": len(ids), "top1_agreement": agree / len(ids), "mean_kl_nats": kl / len(ids),
+                  "weight_mib": {"bfloat16": bf16.model.weight_bytes() / 2**20, "fp8": fp8.model.weight_bytes() / 2**20}}))
+PY
 
 (cd "$ROOT" && FLOTILLA_TEST_DEVICE=$DEVICE timeout 240 python3 -m pytest -q -p no:cacheprovider \
   tests/server/engine/test_engine_equality.py tests/server/engine/test_decode_graphs.py) >"$OUT/pytest-cuda.log" 2>&1
@@ -63,7 +84,7 @@ python3 - "$OUT" <<'PY' | tee "$OUT/summary.json"
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 summary = {}
-for name in ("eager", "default"):
+for name in ("eager", "default", "fp8"):
     row = summary[name] = {}
     try:
         free_mib, total_mib = (int(x) for x in (out / f"smi-{name}.txt").read_text().split(","))
@@ -73,10 +94,17 @@ for name in ("eager", "default"):
         row["free_share_torch"] = torch_mem["free"] / torch_mem["total"]
     except (OSError, ValueError) as e:
         row["memory_error"] = repr(e)
-    pool = [line for line in (out / f"server-{name}.log").read_text().splitlines() if "KV pool:" in line]
+    log = (out / f"server-{name}.log").read_text().splitlines()
+    pool = [line for line in log if "KV pool:" in line]
     row["pool"] = pool[-1] if pool else None
+    weights = [line for line in log if "weights held as" in line]
+    row["weights"] = weights[-1] if weights else None
     row["output_tokens_per_s"] = {c: json.loads(p.read_text())["summary"]["output_token_throughput_per_s"]
                                   for c in (1, 16) if (p := out / f"online-{name}-c{c}.json").exists()}
+try:
+    summary["fp8_against_bfloat16"] = json.loads((out / "fp8-agreement.json").read_text())
+except (OSError, ValueError) as e:
+    summary["fp8_against_bfloat16"] = {"error": repr(e)}
 print(json.dumps(summary, indent=1))
 PY
 tail -3 "$OUT/pytest-cuda.log"

@@ -34,7 +34,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 # --dtype: a dtype, or auto (the default): the server picks one per model (model/dtype_choice.py)
 DTYPE_CHOICES = ("auto", *DTYPES)
 # how weights are held (docs/models.md, "Quantization"); unset: gguf for a .gguf file, none otherwise
-QUANTIZATIONS = ("none", "gguf", "int8")
+QUANTIZATIONS = ("none", "gguf", "int8", "fp8")
 SMALL_STEP_MAX_ROWS = 4  # a step of at most this many rows may borrow the HTTP core (--small-step-threads)
 ENGINE_MODES = ("process", "inprocess")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -151,11 +151,13 @@ SERVER_FLAGS: tuple[Flag, ...] = (
          "computes it natively (avx512_bf16 or AMX) and float32 where it would be emulated. The log says which "
          "and why."),
     Flag("--quantization", "quantization", "str", None,
-         f"How weights are held: {', '.join(QUANTIZATIONS)}. gguf keeps a .gguf file's Q8_0, Q4_0 and Q4_1 blocks "
-         "as they are on CPU (other types are dequantized to --dtype); int8 quantizes any model's projections, "
-         "embedding and head to per-channel int8 at load (CPU only; every layer's input width a multiple of 16); "
-         "none dequantizes every weight to --dtype at load. Default: gguf for a .gguf file, none otherwise. In "
-         "multi-model mode, every model's default."),
+         f"How weights are held: {', '.join(QUANTIZATIONS)}. gguf keeps a .gguf file's Q8_0, Q4_0, Q4_1, Q4_K and "
+         "Q6_K blocks as they are on CPU (other types, and every type on a GPU, are dequantized to --dtype); int8 "
+         "quantizes any model's projections, embedding and head to per-channel int8 at load (CPU only; every "
+         "layer's input width a multiple of 16); fp8 quantizes any model's projections to e4m3 with per-channel "
+         "scales at load (a GPU of compute capability 8.9 or later; sizes multiples of 16); none dequantizes "
+         "every weight to --dtype at load. Default: gguf for a .gguf file, none otherwise. In multi-model mode, "
+         "every model's default."),
     Flag("--small-step-threads", "small_step_threads", "int", None,
          f"CPU threads an engine step of at most {SMALL_STEP_MAX_ROWS} rows may run on, borrowing the core otherwise left "
          "to HTTP (such a step reads every weight for a few rows: memory-bound); the engine measures both counts "

@@ -18,6 +18,7 @@ from torch import nn
 
 from .attention import AttentionBatch, paged_attention
 from .config import ModelConfig
+from .fp8_weights import Fp8Linear
 from .kv_tensors import KVCacheTensors
 from .linear import Linear, PackedWeight, linear, packs
 from .quant_linear import Int8Embedding, Int8Linear, QuantizedEmbedding, QuantizedLinear
@@ -169,17 +170,19 @@ class DecoderModel(nn.Module):
         its quantized modules and, on CPU, the packed copies the matmuls keep (what the KV pool's sizing and the
         model cache count)."""
         params = sum(p.numel() * p.element_size() for p in self.parameters())
-        quantized = (QuantizedLinear, QuantizedEmbedding, Int8Linear, Int8Embedding)
+        quantized = (QuantizedLinear, QuantizedEmbedding, Int8Linear, Int8Embedding, Fp8Linear)
         blocks = sum(b.numel() * b.element_size() for m in self.modules()
                      if isinstance(m, quantized) for b in m.buffers(recurse=False))
         return params + blocks + self.packed_copy_bytes()
 
     def quantization(self) -> str:
         """What the weights are held as: `none` (all in the model dtype), `int8` (projections, embedding and
-        head as per-channel int8), or `gguf:` and the block types of the quantized projections and embedding,
-        by name (`gguf:Q4_1+Q8_0`)."""
+        head as per-channel int8), `fp8` (projections as per-channel e4m3), or `gguf:` and the block types of
+        the quantized projections and embedding, by name (`gguf:Q4_1+Q8_0`)."""
         if any(isinstance(m, (Int8Linear, Int8Embedding)) for m in self.modules()):
             return "int8"
+        if any(isinstance(m, Fp8Linear) for m in self.modules()):
+            return "fp8"
         types = {t for m in self.modules() if isinstance(m, QuantizedLinear) for t in m.qtypes}
         types |= {m.qtype for m in self.modules() if isinstance(m, QuantizedEmbedding)}
         return "gguf:" + "+".join(sorted(GGMLQuantizationType(t).name for t in types)) if types else "none"
@@ -194,12 +197,26 @@ class DecoderModel(nn.Module):
             self.embed_tokens = Int8Embedding(self.embed_tokens.weight, dtype)
             if self.lm_head is not None:
                 self.lm_head = Int8Linear(self.lm_head.weight, None, dtype)
-            for layer in self.layers:
-                for owner, attr in ((layer.self_attn, "qkv_proj"), (layer.self_attn, "o_proj"),
-                                    (layer.mlp, "gate_up_proj"), (layer.mlp, "down_proj")):
-                    dense = getattr(owner, attr)
-                    setattr(owner, attr, Int8Linear(dense.weight, dense.bias, dtype))
+            for owner, attr in self._projections():
+                dense = getattr(owner, attr)
+                setattr(owner, attr, Int8Linear(dense.weight, dense.bias, dtype))
         self._logits_weight = PackedWeight()
+
+    def to_fp8(self) -> None:
+        """Swaps every projection for an e4m3 one with a float32 scale per output row (fp8_weights.Fp8Linear),
+        one weight at a time; the embedding, the head and the norms stay in the model dtype (fp8_weights.py
+        says why). The shapes and the GPU are source.check_fp8's and the loader's to check, before loading."""
+        dtype = self.compute_dtype
+        with torch.no_grad():
+            for owner, attr in self._projections():
+                dense = getattr(owner, attr)
+                setattr(owner, attr, Fp8Linear(dense.weight, dense.bias, dtype))
+
+    def _projections(self) -> list[tuple[nn.Module, str]]:
+        """(owner, attribute) of every layer's four projections, which requantization swaps."""
+        return [(owner, attr) for layer in self.layers
+                for owner, attr in ((layer.self_attn, "qkv_proj"), (layer.self_attn, "o_proj"),
+                                    (layer.mlp, "gate_up_proj"), (layer.mlp, "down_proj"))]
 
     def load_hf_state_dict(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies Hugging Face-named weights (`model.layers.0.self_attn.q_proj.weight`, ...) into the

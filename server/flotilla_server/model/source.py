@@ -86,6 +86,25 @@ def check_int8(c: ModelConfig, device: str) -> None:
                              f"kernels need in_features a multiple of {INT8_K_MULTIPLE}; pass --quantization none")
 
 
+FP8_SHAPE_MULTIPLE = 16  # torch._scaled_mm's rule for both sizes of an fp8 operand (model/fp8_weights.py)
+FP8_DEVICES = "compute capability 8.9 or later: L4, L40S, H100, H200"
+
+
+def check_fp8(c: ModelConfig, device: str) -> None:
+    """ValueError, before any weight is read, where `--quantization fp8` cannot serve the model: on CPU, or
+    with a projection whose sizes `_scaled_mm` cannot take (the first one named). The GPU's own fp8 support
+    is checked at load (loader.py), where torch can ask it."""
+    if not device.startswith("cuda"):
+        raise ValueError(f"quantization fp8 runs on a GPU with fp8 tensor cores ({FP8_DEVICES}), not on "
+                         f"{device}: on CPU pass --quantization int8 (any model) or gguf (a .gguf file)")
+    for name, n, k in int8_layers(c):
+        if name in ("model.embed_tokens", "lm_head"):
+            continue  # they stay in --dtype
+        if n % FP8_SHAPE_MULTIPLE or k % FP8_SHAPE_MULTIPLE:
+            raise ValueError(f"quantization fp8 cannot take layer {name} of shape [{n}, {k}] ([out, in]): fp8 "
+                             f"products need both sizes a multiple of {FP8_SHAPE_MULTIPLE}; pass --quantization none")
+
+
 def hf_config(path: Path) -> ModelConfig:
     """A Hugging Face directory's config; FileNotFoundError or ValueError (UnsupportedModelError) saying what
     to change."""

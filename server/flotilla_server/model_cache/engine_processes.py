@@ -25,10 +25,17 @@ from flotilla_server.engine.config import EngineConfig
 from flotilla_server.engine.cpu_quota import usable_cpus
 from flotilla_server.engine.messages import EngineOptions
 from flotilla_server.model.dtype_choice import choose_dtype, read_cpu_facts
-from flotilla_server.model.source import check_int8, gguf_tensors, resolve_quantization, source_config
+from flotilla_server.model.source import (
+    check_fp8,
+    check_int8,
+    gguf_tensors,
+    resolve_quantization,
+    source_config,
+)
 from flotilla_server.model_cache.engines import ModelEngine
 from flotilla_server.model_cache.footprint import (
     dense_weight_bytes,
+    fp8_weight_bytes,
     gguf_weight_bytes,
     int8_weight_bytes,
     kv_block_bytes,
@@ -80,6 +87,9 @@ class EngineProcesses:
         elif held == "int8":
             check_int8(model, c.device)  # as the loader will, before any weight is read
             weights = int8_weight_bytes(model, dtype, c.device)
+        elif held == "fp8":
+            check_fp8(model, c.device)
+            weights = fp8_weight_bytes(model, dtype)
         else:
             weights = dense_weight_bytes(model, dtype, c.device)
         return model_bytes(model, weights, dtype, c.block_size, c.num_kv_blocks, c.kv_cache_memory_bytes or 0)

@@ -10,7 +10,8 @@ Rules (what the loader and model/linear.py do):
 - with `quantization="gguf"` on CPU, the embedding, the head and each projection whose every part is of a
   block-kernel type cost their blocks' bytes, with no packed copy; the rest is dequantized to the dtype;
 - with `quantization="int8"` (CPU only), every projection, the embedding and an untied head cost 1 byte per
-  weight and 4 per output row (its float32 scale), with no packed copy; the rest (norms, biases) the dtype.
+  weight and 4 per output row (its float32 scale), with no packed copy; the rest (norms, biases) the dtype;
+- with `quantization="fp8"` (a GPU), every projection the same; the embedding and head stay in the dtype.
 """
 
 from __future__ import annotations
@@ -87,6 +88,14 @@ def int8_weight_bytes(c: ModelConfig, dtype: str, device: str) -> int:
     layers = int8_layers(c)
     int8 = sum(n * k for _, n, k in layers)
     return (parameter_count(c) - int8) * DTYPE_BYTES[dtype] + int8 + 4 * sum(n for _, n, _ in layers)
+
+
+def fp8_weight_bytes(c: ModelConfig, dtype: str) -> int:
+    """A model served with `quantization="fp8"` (a GPU): its projections' e4m3 weights and float32 scales, the
+    rest (embedding, head, norms, biases) in `dtype`; no packed copies on a GPU."""
+    layers = [(n, k) for name, n, k in int8_layers(c) if name not in ("model.embed_tokens", "lm_head")]
+    fp8 = sum(n * k for n, k in layers)
+    return (parameter_count(c) - fp8) * DTYPE_BYTES[dtype] + fp8 + 4 * sum(n for n, _ in layers)
 
 
 def kv_block_bytes(c: ModelConfig, block_size: int, dtype: str) -> int:

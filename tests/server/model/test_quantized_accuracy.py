@@ -36,18 +36,20 @@ CHUNK = 512
 BLOCK = 16
 
 
-def teacher_forced_chunks(model: DecoderModel, ids: list[int]):
-    """Log-probabilities of the next token after every position of `ids`, a chunk of prefill at a time."""
+def teacher_forced_chunks(model: DecoderModel, ids: list[int], device: str = "cpu"):
+    """Log-probabilities of the next token after every position of `ids`, a chunk of prefill at a time
+    (`device`: the model's; scripts/gpu_checks.sh runs this on a GPU)."""
     cfg = model.config
     blocks = -(-len(ids) // BLOCK)
     kv = KVCacheTensors.allocate(cfg.num_layers, blocks, BLOCK, cfg.num_kv_heads, cfg.head_dim, model.compute_dtype,
-                                 torch.device("cpu"))
+                                 torch.device(device))
     table = list(range(blocks))
     for start in range(0, len(ids), CHUNK):
         piece = ids[start:start + CHUNK]
-        batch = AttentionBatch.build([len(piece)], [start + len(piece)], [table], BLOCK, torch.device("cpu"))
+        batch = AttentionBatch.build([len(piece)], [start + len(piece)], [table], BLOCK, torch.device(device))
         with torch.inference_mode():
-            hidden = model(torch.tensor(piece), torch.arange(start, start + len(piece)), batch, kv)
+            hidden = model(torch.tensor(piece, device=device), torch.arange(start, start + len(piece), device=device),
+                           batch, kv)
             yield torch.log_softmax(model.compute_logits(hidden), dim=-1)
 
 
