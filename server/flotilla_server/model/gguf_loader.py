@@ -7,9 +7,8 @@ With `quantization="gguf"` (the default for a GGUF on CPU) every projection and 
 type has a kernel (gguf_meta.BLOCK_KERNEL_TYPES) keep the file's blocks (quant_linear.py); the rest (the
 norms, and types without a kernel yet) are dequantized once, at load, with the `gguf` package, renamed to
 their Hugging Face names and handed to the same state-dict loader as a Hugging Face directory. With
-`quantization="none"`, and on a GPU, everything is dequantized that way. With `quantization="int8"` (CPU only,
-after source.check_int8) everything is dequantized that way in float32, then every projection, the embedding
-and the head are quantized to per-channel int8 (DecoderModel.to_int8). Everything but the weights (the
+`quantization="none"`, and on a GPU, everything is dequantized that way; so it is with `int8` and `fp8`,
+which loader.py then requantizes (DecoderModel.to_int8, to_fp8) once this returns. Everything but the weights (the
 file's checks, its config and tokenizer) is gguf_meta.py's, torch-free, so that a multi-model server sizes
 and checks a GGUF without loading it.
 """
@@ -31,7 +30,6 @@ from .gguf_file import GGUFModel, TensorInfo
 from .gguf_meta import BLOCK_KERNEL_TYPES, PROJECTION_PARTS, SUPPORTED_TYPES, is_gguf, read_gguf, served_name
 from .llama import DecoderModel
 from .quant_linear import QuantizedEmbedding, QuantizedLinear
-from .source import check_int8
 from .tokenizer import Tokenizer
 
 __all__ = ["SUPPORTED_TYPES", "is_gguf", "load_gguf", "served_name"]
@@ -63,9 +61,6 @@ def load_gguf(path: Path, torch_type: torch.dtype, device: str,
     """(model, tokenizer, config, served name). Raises UnsupportedModelError naming what cannot be
     read: the architecture, a tensor type, the tokenizer or its pre-tokenizer."""
     gg, config, tokenizer = read_gguf(path)
-    if quantization == "int8":
-        check_int8(config, device)  # before any weight is read
-
     with torch.device("meta"):
         net = DecoderModel(config).to(torch_type)  # dtype on meta first: memory is taken once, in the final dtype
     net = net.to_empty(device=device)  # not touched, so not resident, where blocks replace a weight below
@@ -76,8 +71,6 @@ def load_gguf(path: Path, torch_type: torch.dtype, device: str,
     elif quantization == "gguf":
         kept = keep_blocks(net, gg, config, torch_type)
     net.load_hf_state_dict(_hf_tensors(gg, config, skip=kept))
-    if quantization == "int8":
-        net.to_int8()
     return net.eval(), tokenizer, config, served_name(path)
 
 

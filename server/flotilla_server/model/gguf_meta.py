@@ -22,9 +22,9 @@ from .tokenizer import Tokenizer
 
 T = GGMLQuantizationType
 SUPPORTED_TYPES = frozenset({T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K})
-# the types `--quantization gguf` keeps in their blocks on CPU (model/quant_blocks.py has their kernels);
-# the others are dequantized at load
-BLOCK_KERNEL_TYPES = frozenset({T.Q8_0, T.Q4_0, T.Q4_1})
+# the types `--quantization gguf` keeps in their blocks on CPU (model/quant_blocks.py has their kernels; the
+# k-quants Q4_K and Q6_K in super-blocks of 256 weights); the others are dequantized at load
+BLOCK_KERNEL_TYPES = frozenset({T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K})
 # the runtime's projections (model/llama.py) and the GGUF tensors of their parts, in output order: a
 # projection keeps blocks only when every part's type has a kernel
 PROJECTION_PARTS = {"self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"), "mlp.gate_up_proj": ("ffn_gate", "ffn_up"),

@@ -74,7 +74,7 @@ def load_model(model: str, dtype: str = "float32", device: str = "cpu", quantiza
                            is_demonstration=True)
     path = Path(model)
     if is_gguf(model):
-        if quantization == "fp8":
+        if quantization in ("int8", "fp8"):  # before any weight is read
             _check_requantization(quantization, source_config(model), device)
         net, tokenizer, config, name = load_gguf(path, torch_type, device, quantization)
         _requantize(net, quantization)

@@ -1,8 +1,9 @@
-"""Products with weights kept in llama.cpp's GGUF blocks (Q8_0, Q4_0, Q4_1), as uint8 tensors [rows, bytes per
-row] of the file's bytes.
+"""Products with weights kept in llama.cpp's GGUF blocks (Q8_0, Q4_0, Q4_1, and the k-quants Q4_K and Q6_K), as
+uint8 tensors [rows, bytes per row] of the file's bytes.
 
 Why: a decode step at batch 1 reads every weight once, so its speed is the bytes it reads, and a pool's memory
-budget is the bytes each model holds; a Q8_0 weight is 8.5 bits, Q4_1 5, Q4_0 4.5, its float32 copy 32.
+budget is the bytes each model holds; a Q8_0 weight is 8.5 bits, Q6_K 6.5625, Q4_1 5, Q4_0 and Q4_K 4.5, its
+float32 copy 32.
 
 - `quant_matmul(x, blocks, qtype)`: x @ dequantize(blocks).T in float32, by the native kernel
   (model/kernels/quant_matmul.cpp) when the kernels are built, else by a torch fallback that decodes about
@@ -18,20 +19,24 @@ budget is the bytes each model holds; a Q8_0 weight is 8.5 bits, Q4_1 5, Q4_0 4.
       576 x 1536 Q4_1      0.38/0.55/0.39     0.75/0.76/0.53     1.43/1.09/0.85     17.2/6.2/5.4
       49152 x 576 Q8_0     15.8/16.6/26.3     31.0/22.5/28.8     64.5/35.0/35.9     582/261/241
   so MANY_ROWS = 32, where every shape measured is as fast or faster (1536 x 576 and the head already at 24
-  rows, 576 x 1536 not before 32). TILE_BYTES = 1.5 MiB: a tile stays in the core's 2 MiB L2 beside x's
-  panel; 0.5 and 1 MiB were 5-15 % slower at 24-128 rows (more, narrower sgemm calls: 576 x 1536 gets 85
-  rows per tile at 0.5 MiB), 2 MiB as fast at 64 rows and more but slower at 24-32. Rules: the many-row
-  path's results are within float rounding of F.linear(x, dequantize(W)) like the kernel's, but not
-  bit-equal to them, so a row's bits depend on whether its batch reaches MANY_ROWS; and MKL splits long rows
-  (k >= 1536) over threads, so its bits may differ between thread counts (the kernel's do not). Without the
-  native dequantizer (a library built before it) the kernel runs at every row count; int8 activations keep
-  the kernel too (their rounding is the mode's point).
+  rows, 576 x 1536 not before 32); Q4_K and Q6_K gain alike (1536 x 1024 at 32 / 64 rows: Q4_K 1.24 / 2.51 in
+  the kernel, 1.09 / 1.67 this way; Q6_K 1.56 / 3.17 against 1.14 / 1.74; F.linear 0.90 / 1.44).
+  TILE_BYTES = 1.5 MiB: a tile stays in the core's 2 MiB L2 beside x's panel; 0.5 and 1 MiB were 5-15 % slower at
+  24-128 rows (more, narrower sgemm calls: 576 x 1536 gets 85 rows per tile at 0.5 MiB), 2 MiB as fast at 64
+  rows and more but slower at 24-32. Rules: the many-row path's results are within float rounding of
+  F.linear(x, dequantize(W)) like the kernel's, but not bit-equal to them, so a row's bits depend on whether
+  its batch reaches MANY_ROWS; and MKL splits long rows (k >= 1536) over threads, so its bits may differ
+  between thread counts (the kernel's do not). Without the native dequantizer (a library built before it) the
+  kernel runs at every row count; int8 activations keep the kernel too (their rounding is the mode's point),
+  but not for Q4_K and Q6_K, which have no int8 path.
   The native kernel's default decodes each block of weights to float32 in registers and multiplies x as it
   is: exact up to float rounding, like the fallback. FLOTILLA_KERNEL_ACTIVATIONS=int8 (read at load) makes
   it round the activations to int8 per 32 and take integer dot products instead, as llama.cpp does: faster
   at batch 1 where the float path is bound by instructions (a Q8_0 head: about 1.6x), but SmolLM2-135M's
   Q4_1 file then agrees with its dequantized weights on the top-1 token at only 94-95 % of positions, where
-  the project asks for 98 % (tests/server/model/test_quantized_accuracy.py);
+  the project asks for 98 % (tests/server/model/test_quantized_accuracy.py). Q4_K and Q6_K have the float
+  path only (model/kernels/kquant_matmul.cpp, with its timings): in int8 mode they take it too. A library
+  built before their kernels refuses their type ids: they then take the torch fallback (logged once);
 - `dequantize_rows(blocks, qtype)`: the rows in float, equal to `gguf.quants.dequantize`: an embedding
   lookup decodes only the rows it reads (the native `dequantize_blocks` op gives the same bits, faster);
 - `active_isa()` / `force_isa(name)`: the native kernel's instruction set (FLOTILLA_KERNEL_ISA sets it at
@@ -39,15 +44,26 @@ budget is the bytes each model holds; a Q8_0 weight is 8.5 bits, Q4_1 5, Q4_0 4.
 - `active_activations()` / `force_activations(name)`: the native kernel's activations, "float" or "int8"
   (FLOTILLA_KERNEL_ACTIVATIONS sets it at load), for tests and benchmarks; "torch" where the fallback runs.
 
-Block layouts (llama.cpp's ggml-common.h; each block is 32 consecutive weights of a row, little-endian):
+Block layouts (llama.cpp's ggml-common.h; little-endian). A block is 32 consecutive weights of a row:
   Q8_0, 34 bytes: fp16 d, int8 q[32];          w = d * q
   Q4_0, 18 bytes: fp16 d, uint8 qs[16];        w = d * (nibble - 8)
   Q4_1, 20 bytes: fp16 d, fp16 m, uint8 qs[16]; w = d * nibble + m
   (weight i < 16 is the low nibble of qs[i], weight i + 16 its high nibble)
+and a k-quant's super-block 256 (so a row of k-quants is a multiple of 256 weights; llama.cpp gives tensors
+with other rows another type):
+  Q4_K, 144 bytes: fp16 d, fp16 dmin, uint8 scales[12], uint8 qs[128]; 8 sub-blocks of 32 weights with a 6-bit
+    scale sc and min m each, packed in scales[] (_q4k_scales_and_mins); weight 64 j + i (i < 32) is the low
+    nibble of qs[32 j + i] in sub-block 2 j, weight 64 j + 32 + i its high nibble in sub-block 2 j + 1;
+    w = (d * sc) * nibble - dmin * m
+  Q6_K, 210 bytes: uint8 ql[128], uint8 qh[64], int8 scales[16], fp16 d; 16 sub-blocks of 16 weights; weight
+    128 h + 32 s + i (h < 2, s < 4, i < 32) has its low 4 bits from ql[64 h + 32 (s % 2) + i] (the low nibble
+    for s < 2, the high one after) and its high 2 from bits 2 s and 2 s + 1 of qh[32 h + i], q in 0..63;
+    w = (d * scales[sub-block]) * (q - 32)
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
@@ -56,9 +72,13 @@ from gguf import GGMLQuantizationType
 from .native_gemv import native_op
 
 Q8_0, Q4_0, Q4_1 = GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1
-BLOCK_WEIGHTS = 32
-BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20}
+Q4_K, Q6_K = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
+BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20, Q4_K: 144, Q6_K: 210}
+# weights per block: 32, or a k-quant's super-block of 256
+BLOCK_WEIGHTS = {Q8_0: 32, Q4_0: 32, Q4_1: 32, Q4_K: 256, Q6_K: 256}
 NATIVE_TYPES = frozenset(BLOCK_BYTES)
+# the k-quants: the native kernel multiplies them with float activations in either mode
+KQUANT_TYPES = frozenset({Q4_K, Q6_K})
 # float32 bytes of weights the fallback decodes at a time (its temporaries are a few times that)
 FALLBACK_TILE_BYTES = 1 << 20
 # from this many rows of x (float activations), quant_matmul decodes TILE_BYTES of float32 weights at a time
@@ -71,10 +91,30 @@ _dequantize_blocks = native_op("dequantize_blocks")
 _kernel_isa = native_op("kernel_isa")
 _kernel_activations = native_op("kernel_activations")
 
+log = logging.getLogger(__name__)
 
-def _block_bytes(qtype: int) -> int:
+
+def _has_native_kquants() -> bool:
+    """Whether the library multiplies Q4_K and Q6_K: one built before their kernels refuses their type ids."""
+    if _quant_matmul is None:
+        return False
     try:
-        return BLOCK_BYTES[GGMLQuantizationType(qtype)]
+        _quant_matmul(torch.zeros(0, 256), torch.zeros(0, BLOCK_BYTES[Q4_K], dtype=torch.uint8), int(Q4_K))
+        return True
+    except RuntimeError:
+        log.warning("the native CPU kernels have no Q4_K and Q6_K products: built from older sources, make setup "
+                    "rebuilds them; those types take the torch fallback")
+        return False
+
+
+_NATIVE_KQUANTS = _has_native_kquants()
+
+
+def _block_shape(qtype: int) -> tuple[int, int]:
+    """(weights, bytes) of one block of the type."""
+    try:
+        known = GGMLQuantizationType(qtype)
+        return BLOCK_WEIGHTS[known], BLOCK_BYTES[known]
     except (KeyError, ValueError):
         names = ", ".join(f"{t.name} ({t.value})" for t in BLOCK_BYTES)
         raise ValueError(f"GGML type {qtype} has no block kernel here: only {names}") from None
@@ -85,12 +125,51 @@ def _halves(raw: torch.Tensor, at: int) -> torch.Tensor:
     return raw[..., at:at + 2].contiguous().view(torch.float16).float()
 
 
+def _q4k_scales_and_mins(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K's 12 packed bytes [..., 12] -> its 8 six-bit scales and 8 mins, each uint8 [..., 8], as llama.cpp's
+    get_scale_min_k4: for j < 4, scale j is the low 6 bits of byte j and min j of byte j + 4; for j >= 4 their
+    low 4 bits are byte j + 4's low (scale) or high (min) nibble and their high 2 the top bits of byte j - 4
+    (scale) or j (min)."""
+    d, m, both = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
+    scales = torch.cat((d & 0x3F, (both & 0x0F) | ((d >> 2) & 0x30)), dim=-1)
+    mins = torch.cat((m & 0x3F, (both >> 4) | ((m >> 2) & 0x30)), dim=-1)
+    return scales, mins
+
+
+def _q4k(raw: torch.Tensor) -> torch.Tensor:
+    """raw [rows, blocks, 144] -> float32 [rows, blocks, 8 sub-blocks, 32]: (d * sc) * nibble - dmin * m, each
+    step rounded to float32 as gguf's numpy does (the product is exact, so only the subtraction rounds)."""
+    scales, mins = _q4k_scales_and_mins(raw[..., 4:16])
+    d_scales = (_halves(raw, 0) * scales.float()).unsqueeze(-1)  # [rows, blocks, 8, 1]
+    d_mins = (_halves(raw, 2) * mins.float()).unsqueeze(-1)
+    qs = raw[..., 16:].reshape(*raw.shape[:-1], 4, 1, 32)  # 32 bytes: sub-blocks 2 j (low) and 2 j + 1 (high)
+    nibbles = torch.cat((qs & 0x0F, qs >> 4), dim=-2).reshape(*raw.shape[:-1], 8, 32).float()
+    return nibbles.mul_(d_scales).sub_(d_mins)
+
+
+def _q6k(raw: torch.Tensor) -> torch.Tensor:
+    """raw [rows, blocks, 210] -> float32 [rows, blocks, 16 sub-blocks, 16]: (d * scale) * (q - 32), the
+    product exact, as gguf's numpy computes it."""
+    lead = raw.shape[:-1]
+    ql = raw[..., :128].reshape(*lead, 2, 1, 64)  # per half: s = 0, 1 from low nibbles, s = 2, 3 from high
+    low = torch.cat((ql & 0x0F, ql >> 4), dim=-2).reshape(*lead, 2, 4, 32)
+    qh = raw[..., 128:192].reshape(*lead, 2, 1, 32)
+    high = torch.cat([(qh >> shift) & 0x03 for shift in (0, 2, 4, 6)], dim=-2)  # [.., 2, 4, 32]: s = 0..3
+    q = (low | (high << 4)).reshape(*lead, 16, 16).float().sub_(32)
+    d_scales = _halves(raw, 208) * raw[..., 192:208].contiguous().view(torch.int8).float()  # [rows, blocks, 16]
+    return q.mul_(d_scales.unsqueeze(-1))
+
+
 def dequantize_rows(blocks: torch.Tensor, qtype: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """uint8 blocks [rows, bytes per row] -> [rows, 32 * blocks per row] in `dtype`: computed in float32 in
-    gguf's order of operations, so float32 results have gguf.quants.dequantize's bits."""
-    block_bytes = _block_bytes(qtype)
+    """uint8 blocks [rows, bytes per row] -> [rows, weights per block * blocks per row] in `dtype`: computed in
+    float32 in gguf's order of operations, so float32 results have gguf.quants.dequantize's bits."""
+    _, block_bytes = _block_shape(qtype)
     rows, row_bytes = blocks.shape
     raw = blocks.reshape(rows, row_bytes // block_bytes, block_bytes)
+    if qtype == Q4_K:
+        return _q4k(raw).reshape(rows, -1).to(dtype)
+    if qtype == Q6_K:
+        return _q6k(raw).reshape(rows, -1).to(dtype)
     d = _halves(raw, 0)
     if qtype == Q8_0:
         w = raw[..., 2:].contiguous().view(torch.int8).float().mul_(d)
@@ -102,21 +181,26 @@ def dequantize_rows(blocks: torch.Tensor, qtype: int, dtype: torch.dtype = torch
 
 
 def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int) -> torch.Tensor:
-    """x [..., k] float32 @ dequantize(blocks [n, k / 32 * block bytes]).T -> [..., n], no autograd.
+    """x [..., k] float32 @ dequantize(blocks [n, k / block weights * block bytes]).T -> [..., n], no autograd
+    (block weights: 32, or 256 for Q4_K and Q6_K).
 
     Under MANY_ROWS rows of x, the native kernel multiplies x by the exact weights (or, in int8 mode, x
-    rounded to int8 per block of 32; the error bounds are in tests/server/model/test_quant_kernels.py) and
-    checks its arguments itself, so that this wrapper adds little to its few us per call (a decode step makes
-    hundreds). From MANY_ROWS rows (float mode), and in the fallback (no library, or x not float32 on CPU),
-    tiles of weights are decoded to float and multiplied by torch's sgemm: the exact weights, in x's dtype."""
+    rounded to int8 per block of 32, Q4_K and Q6_K excepted; the error bounds are in
+    tests/server/model/test_quant_kernels.py) and checks its arguments itself, so that this wrapper adds
+    little to its few us per call (a decode step makes hundreds). From MANY_ROWS rows (float mode, or a
+    k-quant), and in the fallback (no library, or x not float32 on CPU), tiles of weights are decoded to
+    float and multiplied by torch's sgemm: the exact weights, in x's dtype."""
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
-    native = _quant_matmul is not None and x.dtype == torch.float32 and x.is_cpu and blocks.is_cpu
-    if native and (rows < MANY_ROWS or _dequantize_blocks is None or active_activations() != "float"):
+    kquant = qtype in KQUANT_TYPES
+    native = (_quant_matmul is not None and x.dtype == torch.float32 and x.is_cpu and blocks.is_cpu
+              and (_NATIVE_KQUANTS or not kquant))
+    if native and (rows < MANY_ROWS or _dequantize_blocks is None or (not kquant and active_activations() != "float")):
         if x.dim() == 2:
             return _quant_matmul(x, blocks, int(qtype))
         return _quant_matmul(x.reshape(-1, k), blocks, int(qtype)).reshape(*x.shape[:-1], blocks.shape[0])
-    if k % BLOCK_WEIGHTS or blocks.dim() != 2 or blocks.shape[-1] != k // BLOCK_WEIGHTS * _block_bytes(qtype):
+    block_weights, block_bytes = _block_shape(qtype)
+    if k % block_weights or blocks.dim() != 2 or blocks.shape[-1] != k // block_weights * block_bytes:
         raise ValueError(f"{GGMLQuantizationType(qtype).name} blocks of {blocks.shape[-1]} bytes per row do not "
                          f"hold k = {k} weights")
     if native:

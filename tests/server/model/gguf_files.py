@@ -1,14 +1,16 @@
 """write_llama_gguf: a small random Llama GGUF, written with the `gguf` package's own writer.
 
-Its matrices are stored in one chosen tensor type, quantized by `gguf.quants.quantize` where the
-package can (F16, BF16, Q8_0, Q4_0, Q4_1, ...). For Q4_K and Q6_K it cannot; their blocks are random
-bytes whose float16 scale fields are set so that the weights are finite, about zero-mean and small
-(Q4_K subtracts dmin x min from d x scale x q, so dmin = 7.5 d centres it), valid blocks all the same. The
-tokenizer is byte-level BPE over the 256 byte symbols plus a few merges and ChatML's special tokens.
+Its matrices are stored in one chosen tensor type (or, through `tensor_types`, some of them in others,
+as a Q4_K_M file mixes Q4_K, Q6_K and Q8_0), quantized by `gguf.quants.quantize` where the package can (F16,
+BF16, Q8_0, Q4_0, Q4_1, ...). For Q4_K and Q6_K it cannot; their blocks are random bytes whose float16
+scale fields are set so that the weights are finite, about zero-mean and small (Q4_K subtracts dmin x min
+from d x scale x q, so dmin = 7.5 d centres it), valid blocks all the same. The tokenizer is byte-level BPE
+over the 256 byte symbols plus a few merges and ChatML's special tokens.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +50,10 @@ def encode_as(rows: np.ndarray, tensor_type: T, rng: np.random.Generator) -> np.
 
 
 def write_llama_gguf(path: Path, tensor_type: T = T.F32, arch: str = "llama", pre: str = "smollm",
-                     tokenizer_model: str = "gpt2", seed: int = 0, **extra: Any) -> Path:
+                     tokenizer_model: str = "gpt2", seed: int = 0, tensor_types: Mapping[str, T] | None = None,
+                     **extra: Any) -> Path:
+    """`tensor_types`: a matrix's type by its name without `blk.N.` and `.weight` (`attn_v`, `token_embd`),
+    where it is not `tensor_type`."""
     rng = np.random.default_rng(seed)
     tokens, types = vocabulary()
     head_dim = HIDDEN // HEADS
@@ -75,8 +80,9 @@ def write_llama_gguf(path: Path, tensor_type: T = T.F32, arch: str = "llama", pr
 
     def matrix(name: str, rows: int, cols: int) -> None:
         data = rng.normal(0, 0.08, (rows, cols)).astype(np.float32)
-        encoded = encode_as(data, tensor_type, rng)
-        w.add_tensor(name, encoded, raw_dtype=None if tensor_type in (T.F32, T.F16) else tensor_type)
+        kind = (tensor_types or {}).get(name.split(".")[-2], tensor_type)
+        encoded = encode_as(data, kind, rng)
+        w.add_tensor(name, encoded, raw_dtype=None if kind in (T.F32, T.F16) else kind)
 
     def norm(name: str) -> None:
         w.add_tensor(name, (1 + rng.normal(0, 0.1, HIDDEN)).astype(np.float32))

@@ -1,5 +1,6 @@
 """Products with GGUF blocks (model/quant_blocks.py, model/kernels/quant_matmul.cpp) against F.linear on the
-weights `gguf.quants.dequantize` gives, for Q8_0, Q4_0 and Q4_1.
+weights `gguf.quants.dequantize` gives, for Q8_0, Q4_0 and Q4_1 (the k-quants Q4_K and Q6_K, held to the same
+float bound with this file's helpers: test_kquant_kernels.py).
 
 The native kernel's default (float activations) decodes each weight block to exactly gguf's weights and
 multiplies x as it is, so it differs from the reference by float rounding alone; per output element (x row,

@@ -64,17 +64,17 @@ def test_an_unreadable_source_says_what_to_give(tmp_path):
 
 
 @pytest.mark.parametrize("quantization", [None, "none", "gguf"])
-@pytest.mark.parametrize("tensor_type", [T.F32, T.Q4_1, T.Q8_0, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("tensor_type", [T.F32, T.F16, T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 def test_a_gguf_is_sized_from_its_metadata_as_the_loaded_model_holds_it(tmp_path, tensor_type, quantization):
-    """Blocks kept (Q4_1, Q8_0 under gguf, the default) cost their bytes; weights dequantized at load (F32, Q6_K
-    until it has a kernel, everything under none) cost their parameters in --dtype and, on CPU, a packed copy
-    of every matmul weight."""
+    """Blocks kept (Q4_1, Q8_0 and the k-quants Q4_K, Q6_K under gguf, the default) cost their bytes; weights
+    dequantized at load (F32, F16, which have no block kernel, and everything under none) cost their
+    parameters in --dtype and, on CPU, a packed copy of every matmul weight."""
     path = write_llama_gguf(tmp_path / "m.gguf", tensor_type)
     engines = EngineProcesses(EngineConfig(kv_cache_memory_bytes=2**20, dtype="float32", quantization=quantization))
     loaded = load_model(str(path), "float32", "cpu", quantization)
     kv = 2**20 // kv_block_bytes(loaded.config, 16, "float32") * kv_block_bytes(loaded.config, 16, "float32")
     assert engines.footprint_bytes(str(path)) == loaded.model.weight_bytes() + kv
-    kept = quantization != "none" and tensor_type in (T.Q4_1, T.Q8_0)
+    kept = quantization != "none" and tensor_type in (T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K)
     assert loaded.model.quantization() == (f"gguf:{tensor_type.name}" if kept else "none")
 
 

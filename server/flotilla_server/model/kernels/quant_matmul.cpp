@@ -1,10 +1,13 @@
 // torch.ops.flotilla.quant_matmul(x [m, k] float32, blocks [n, k/32 * block_bytes] uint8, qtype) -> [m, n]:
 // x @ dequantize(blocks).T for a weight kept in llama.cpp's GGUF blocks, qtype its GGML type id (Q4_0 = 2,
-// Q4_1 = 3, Q8_0 = 8), without a float copy of the weight (model/quant_blocks.py calls it;
-// scripts/build_kernels.py builds it). torch.ops.flotilla.kernel_isa(wanted) -> str: the instruction set the
-// products run on, one of scalar, avx2, avx512, avx512_vnni; "" reads it, a name sets it (for comparisons),
-// or the CPU's best where it lacks that one. torch.ops.flotilla.kernel_activations(wanted) -> str: the
-// activations' form, float (the default) or int8; "" reads it, a name sets it.
+// Q4_1 = 3, Q8_0 = 8; and the k-quants Q4_K = 12, Q6_K = 14, whose blocks hold 256 weights, so k/256 of them
+// a row, k a multiple of 256: their kernels are kquant_matmul.cpp's, which this file's ops call), without a
+// float copy of the weight (model/quant_blocks.py calls it; scripts/build_kernels.py builds it).
+// torch.ops.flotilla.kernel_isa(wanted) -> str: the instruction set the products run on, one of scalar, avx2,
+// avx512, avx512_vnni; "" reads it, a name sets it (for comparisons), or the CPU's best where it lacks that
+// one. torch.ops.flotilla.kernel_activations(wanted) -> str: the activations' form, float (the default) or
+// int8; "" reads it, a name sets it (int8 applies to Q8_0, Q4_0 and Q4_1: the k-quants have the float path
+// only and take it in either mode).
 // torch.ops.flotilla.dequantize_blocks(blocks [rows, k/32 * block_bytes] uint8, qtype, out [rows, k] float32):
 // writes the rows' weights into out, with gguf.quants.dequantize's bits (model/quant_blocks.py's many-row
 // path decodes a tile of weights with it, then multiplies the tile by torch.mm).
@@ -61,7 +64,7 @@
 //   avx512_vnni and avx512 both run its AVX-512 code;
 // - dequantize_blocks computes each weight in gguf's own operations (d * q, d * (nibble - 8), d * nibble + m),
 //   so its bits are gguf's on every instruction set and thread count (rows split over the threads from 32 Ki
-//   weights); it follows kernel_isa like the products;
+//   weights); it follows kernel_isa like the products (the k-quants' have the same rules: kquant_matmul.cpp);
 // - FLOTILLA_KERNEL_ACTIVATIONS=float|int8 is read at load (another value: float, with a line on stderr);
 //   kernel_activations() changes it for the whole process (tests, benchmarks).
 #include <ATen/ATen.h>
@@ -85,9 +88,20 @@
 #define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define INLINE inline __attribute__((always_inline))
 
+// the k-quants, Q4_K and Q6_K (kquant_matmul.cpp): super-blocks of 256 weights, float activations only
+namespace flotilla::kquants {
+enum class Path : int { plain = 0, avx2 = 1, avx512 = 2 };
+int64_t block_bytes(int64_t qtype);  // 0 for a type that is not a k-quant
+void matmul(int64_t qtype, const float* x, int64_t m, int64_t k, const uint8_t* w, int64_t n, float* y, Path path);
+void dequantize(int64_t qtype, const uint8_t* w, int64_t rows, int64_t k, float* out, Path path);
+}  // namespace flotilla::kquants
+
 namespace {
 
+namespace kquants = flotilla::kquants;
+
 constexpr int64_t kBlockWeights = 32;
+constexpr int64_t kSuperWeights = 256;  // the k-quants' blocks
 constexpr int64_t kLanes = 8;         // int32 or float lanes of 32 bytes: 8 per block on the SIMD paths
 constexpr int kTileRows = 4;          // activation rows that share one read of each weight block
 constexpr int64_t kChunkRows = 8;     // weight rows per unit of a thread's work
@@ -919,13 +933,33 @@ template <QType Q> void run(const at::Tensor& x, const uint8_t* w, at::Tensor& y
   else run_float<Q>(x, w, y, isa);
 }
 
-int64_t block_bytes(int64_t qtype) {
+// a type's block: its weights (32, or 256 for the k-quants of kquant_matmul.cpp) and its bytes
+struct BlockShape {
+  int64_t weights, bytes;
+  bool kquant() const { return weights == kSuperWeights; }
+};
+
+BlockShape block_shape(const char* op, int64_t qtype) {
   switch (static_cast<QType>(qtype)) {
-    case QType::Q8_0: return Layout<QType::Q8_0>::bytes;
-    case QType::Q4_0: return Layout<QType::Q4_0>::bytes;
-    case QType::Q4_1: return Layout<QType::Q4_1>::bytes;
+    case QType::Q8_0: return {kBlockWeights, Layout<QType::Q8_0>::bytes};
+    case QType::Q4_0: return {kBlockWeights, Layout<QType::Q4_0>::bytes};
+    case QType::Q4_1: return {kBlockWeights, Layout<QType::Q4_1>::bytes};
   }
-  TORCH_CHECK(false, "quant_matmul: qtype ", qtype, " is none of Q4_0 (2), Q4_1 (3), Q8_0 (8)");
+  const int64_t kquant_bytes = kquants::block_bytes(qtype);
+  TORCH_CHECK(kquant_bytes > 0, op, ": qtype ", qtype, " is none of Q4_0 (2), Q4_1 (3), Q8_0 (8), Q4_K (12), "
+              "Q6_K (14)");
+  return {kSuperWeights, kquant_bytes};
+}
+
+// the k-quants' path for the instruction set: they have one AVX-512 path (no VNNI variant)
+kquants::Path kquant_path(Isa isa) {
+  switch (isa) {
+    case Isa::avx512_vnni:
+    case Isa::avx512: return kquants::Path::avx512;
+    case Isa::avx2: return kquants::Path::avx2;
+    case Isa::scalar: break;
+  }
+  return kquants::Path::plain;
 }
 
 at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype) {
@@ -934,17 +968,23 @@ at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& blocks, int64_t q
   TORCH_CHECK(blocks.scalar_type() == at::kByte, "quant_matmul: blocks must be uint8, got ", blocks.scalar_type());
   TORCH_CHECK(x.dim() == 2 && blocks.dim() == 2, "quant_matmul: x must be [m, k] and blocks [n, bytes per row], got ",
               x.sizes(), " and ", blocks.sizes());
-  const int64_t m = x.size(0), k = x.size(1), n = blocks.size(0), bytes = block_bytes(qtype);
-  TORCH_CHECK(k > 0 && k % kBlockWeights == 0, "quant_matmul: k = ", k, " must be a positive multiple of 32");
-  TORCH_CHECK(blocks.size(1) == k / kBlockWeights * bytes, "quant_matmul: blocks has ", blocks.size(1),
-              " bytes per row; k = ", k, " takes ", k / kBlockWeights * bytes, " (", k / kBlockWeights,
-              " blocks of ", bytes, " bytes)");
+  const BlockShape block = block_shape("quant_matmul", qtype);
+  const int64_t m = x.size(0), k = x.size(1), n = blocks.size(0), bytes = block.bytes, per = block.weights;
+  TORCH_CHECK(k > 0 && k % per == 0, "quant_matmul: k = ", k, " must be a positive multiple of ", per,
+              block.kquant() ? " (the weights of a k-quant's super-block)" : "");
+  TORCH_CHECK(blocks.size(1) == k / per * bytes, "quant_matmul: blocks has ", blocks.size(1),
+              " bytes per row; k = ", k, " takes ", k / per * bytes, " (", k / per, " blocks of ", bytes, " bytes)");
   TORCH_CHECK(blocks.is_contiguous(), "quant_matmul: blocks must be contiguous");
   at::Tensor y = at::empty({m, n}, x.options());
   if (m == 0 || n == 0) return y;
   const Isa isa = g_isa.load();
   const Mode mode = g_mode.load();
   const uint8_t* w = blocks.data_ptr<uint8_t>();
+  if (block.kquant()) {  // float activations in either mode (kquant_matmul.cpp)
+    const at::Tensor xc = x.contiguous();
+    kquants::matmul(qtype, xc.data_ptr<float>(), m, k, w, n, y.data_ptr<float>(), kquant_path(isa));
+    return y;
+  }
   switch (static_cast<QType>(qtype)) {
     case QType::Q8_0: run<QType::Q8_0>(x, w, y, isa, mode); break;
     case QType::Q4_0: run<QType::Q4_0>(x, w, y, isa, mode); break;
@@ -977,13 +1017,18 @@ void dequantize_blocks(const at::Tensor& blocks, int64_t qtype, const at::Tensor
   TORCH_CHECK(out.scalar_type() == at::kFloat, "dequantize_blocks: out must be float32, got ", out.scalar_type());
   TORCH_CHECK(blocks.dim() == 2 && out.dim() == 2, "dequantize_blocks: blocks must be [rows, bytes per row] and "
               "out [rows, k], got ", blocks.sizes(), " and ", out.sizes());
-  const int64_t rows = blocks.size(0), k = out.size(1), bytes = block_bytes(qtype);
-  TORCH_CHECK(out.size(0) == rows && k % kBlockWeights == 0 && blocks.size(1) == k / kBlockWeights * bytes,
-              "dequantize_blocks: blocks ", blocks.sizes(), " of ", bytes, "-byte blocks do not fill out ",
-              out.sizes());
+  const BlockShape block = block_shape("dequantize_blocks", qtype);
+  const int64_t rows = blocks.size(0), k = out.size(1), bytes = block.bytes, per = block.weights;
+  TORCH_CHECK(out.size(0) == rows && k % per == 0 && blocks.size(1) == k / per * bytes,
+              "dequantize_blocks: blocks ", blocks.sizes(), " of ", bytes, "-byte blocks of ", per,
+              " weights do not fill out ", out.sizes());
   TORCH_CHECK(blocks.is_contiguous() && out.is_contiguous(), "dequantize_blocks: blocks and out must be contiguous");
   if (rows == 0 || k == 0) return;
   const Isa isa = g_isa.load();
+  if (block.kquant()) {
+    kquants::dequantize(qtype, blocks.data_ptr<uint8_t>(), rows, k, out.data_ptr<float>(), kquant_path(isa));
+    return;
+  }
   DequantizeRows run_rows = nullptr;
   switch (static_cast<QType>(qtype)) {
     case QType::Q8_0: run_rows = dequantize_rows_for<QType::Q8_0>(isa); break;
