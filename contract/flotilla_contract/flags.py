@@ -46,6 +46,10 @@ DEFAULT_MAX_GRAMMAR_COMPILES = 2
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json")
 # a listed model whose source cannot be read at start (docs/serving.md, "The model list file")
 UNREADABLE_AT_START = ("exit", "skip")
+# LoRA adapters (docs/serving.md, "LoRA adapters")
+DEFAULT_MAX_LORAS = 4  # adapters resident in the compute dtype at once
+DEFAULT_MAX_LORA_RANK = 16  # the slots' width: the highest rank an adapter may have
+MAX_LORA_RANK_CAP = 64  # --max-lora-rank's ceiling (the model runtime's MAX_LORA_RANK)
 
 Kind = Literal["str", "int", "float", "bytes"]
 
@@ -90,6 +94,17 @@ SERVER_FLAGS: tuple[Flag, ...] = (
          "Multi-model mode: how long a request for a model that is not loaded waits for its load, seconds."),
     Flag("--min-residency-s", "min_residency_s", "float", DEFAULT_MIN_RESIDENCY_S,
          "Multi-model mode: a loaded model is never evicted sooner than this after its load, seconds."),
+    Flag("--lora", "lora", "str", None,
+         "A LoRA adapter served on the model: NAME=SOURCE, SOURCE a PEFT adapter directory (adapter_config.json "
+         "and adapter_model.safetensors). Repeat it for more. A request names it as `model`; GET /v1/models lists "
+         "it with the model as its parent. An adapter that does not fit the model refuses the start (exit 2).",
+         repeatable=True),
+    Flag("--max-loras", "max_loras", "int", DEFAULT_MAX_LORAS,
+         "LoRA adapters resident at once (slots allocated at start, in the compute dtype); the others wait in "
+         "host memory and are loaded on first use, evicting the least recently used adapter without requests."),
+    Flag("--max-lora-rank", "max_lora_rank", "int", DEFAULT_MAX_LORA_RANK,
+         f"The adapter slots' width: the highest LoRA rank served (at most {MAX_LORA_RANK_CAP}); an adapter of a "
+         "higher rank refuses the start."),
     Flag("--served-model-name", "served_model_name", "str", None,
          "Name clients send as `model`; default: the model's name."),
     Flag("--host", "host", "str", "0.0.0.0", "Address to listen on."),

@@ -130,9 +130,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                     settings.engine_options(measure_threads=default_threads))
     except (EngineStartError, ValueError, FileNotFoundError) as e:
         return _refuse(str(e), argv)
+    model = served_model(settings, info)
+    if model.name in model.adapters:  # the model's own name is known only now (its directory's, by default)
+        engine.shutdown()
+        return _refuse(f"--lora's adapter {model.name!r} has the served model's name: a request naming it would "
+                       "be ambiguous; rename the adapter", argv)
     if settings.engine_mode == "process":
         print(f"flotilla-server: the engine runs in process {info.pid}", flush=True)
-    return serve(settings, engine, served_model(settings, info))
+    return serve(settings, engine, model)
 
 
 def _main_fronts(settings: ServerSettings, default_threads: bool) -> int:

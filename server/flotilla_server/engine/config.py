@@ -12,10 +12,13 @@ from flotilla_contract.classes import DEFAULT_BATCH_MAX_PREEMPTIONS, DEFAULT_BAT
 from flotilla_contract.flags import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
+    DEFAULT_MAX_LORA_RANK,
+    DEFAULT_MAX_LORAS,
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
     DEFAULT_PREFILL_CHUNK,
     DTYPE_CHOICES,
+    MAX_LORA_RANK_CAP,
     QUANTIZATIONS,
 )
 
@@ -46,6 +49,11 @@ class EngineConfig:
     # replay pure decode steps from captured graphs (engine/decode_graphs.py): CUDA graphs on a GPU; on
     # CPU the same static-shape path runs eagerly (no gain: for tests of the mechanism)
     cuda_graphs: bool = False
+    # LoRA adapters served on the model (engine/adapter_cache.py): (name, PEFT directory) pairs, read into host
+    # memory at start; at most max_loras resident at once in slots max_lora_rank wide
+    loras: tuple[tuple[str, str], ...] = ()
+    max_loras: int = DEFAULT_MAX_LORAS
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK
 
     def __post_init__(self) -> None:
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
@@ -78,5 +86,12 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.dtype not in DTYPE_CHOICES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPE_CHOICES)}, got {self.dtype!r}")
+        if self.max_loras < 1 or not 1 <= self.max_lora_rank <= MAX_LORA_RANK_CAP:
+            raise ValueError(f"max_loras must be >= 1 and max_lora_rank in 1..{MAX_LORA_RANK_CAP}, got "
+                             f"{self.max_loras} and {self.max_lora_rank}")
+        if len({name for name, _ in self.loras}) != len(self.loras):
+            raise ValueError(f"loras: each adapter needs its own name, got {[name for name, _ in self.loras]}")
+        if self.loras and self.cuda_graphs:
+            raise ValueError("cuda_graphs with loras: a captured decode step cannot follow each row's adapter")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")

@@ -12,10 +12,12 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import torch
 
+from flotilla_server.engine.adapter_cache import AdapterCache
 from flotilla_server.engine.class_rules import ClassRules
 from flotilla_server.engine.config import EngineConfig
 from flotilla_server.engine.decode_graphs import CudaGraphBackend, DecodeGraphs, EagerBackend
@@ -66,11 +68,16 @@ class EngineCore:
         self.loaded = loaded or _load(config)
         mc = self.loaded.config
         dtype = self.loaded.model.compute_dtype  # the KV cache's too
+        # adapters are read (and refused) before the pool is sized: their slots are counted with the weights
+        self.adapters = (AdapterCache.build(self.loaded.model, mc, config.loras, config.max_loras, config.max_lora_rank,
+                                            dtype, config.device) if config.loras else None)
+        adapter_bytes = 0 if self.adapters is None else self.adapters.slots.nbytes()
         per_block = KVCacheTensors.bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, dtype)
         # the graphs' gather buffers exist before the pool is sized from free memory: it leaves them room
         graph_gather = (KVCacheTensors.gather_buffers(DEFAULT_GATHER_BUDGET_TOKENS, mc.num_kv_heads, mc.head_dim, dtype,
                                                       config.device) if config.cuda_graphs else None)
-        facts = MemoryFacts(on_gpu, host_bytes, weights_bytes(self.loaded.model), capacity_is_limit=host_limited)
+        facts = MemoryFacts(on_gpu, host_bytes, weights_bytes(self.loaded.model) + adapter_bytes,
+                            capacity_is_limit=host_limited)
         if sized_from_memory and on_gpu:
             facts = self._gpu_facts(facts, dtype)
         plan = plan_pool(
@@ -102,7 +109,7 @@ class EngineCore:
                            config.batch_share_slots)
         self.scheduler = Scheduler(
             self.pool, config.max_num_seqs, config.max_num_batched_tokens, config.prefill_chunk, self.eos_token_ids,
-            rules=rules,
+            rules=rules, adapter_gate=None if self.adapters is None else self._adapter_gate,
         )
         small_step_threads = config.small_step_threads
         if small_step_threads is None:
@@ -112,7 +119,8 @@ class EngineCore:
             shapes = GraphShapes(config.max_num_seqs, self.max_model_len, config.block_size)
             backend = CudaGraphBackend(torch.device(config.device)) if on_gpu else EagerBackend()
             graphs = DecodeGraphs(self.loaded.model, kv, shapes, num_blocks - 1, backend, graph_gather)
-        self.runner = ModelRunner(self.loaded.model, kv, config.device, config.seed, small_step_threads, graphs)
+        self.runner = ModelRunner(self.loaded.model, kv, config.device, config.seed, small_step_threads, graphs,
+                                  adapters=self.adapters)
         self._detokenizers: dict[str, dict[int, IncrementalDetokenizer]] = {}  # request id -> choice -> its own
         self._grammars: GrammarBook | None = None  # made by the first grammar
         self._listeners: list[StepListener] = []
@@ -174,7 +182,28 @@ class EngineCore:
             n, self.scheduler.max_num_seqs,
         )
 
+    def unknown_adapter(self, params: SamplingParams) -> str | None:
+        """Why a request's adapter cannot be served here, or None (the base model, or a --lora name)."""
+        if params.lora is None or (self.adapters is not None and params.lora in self.adapters.adapters):
+            return None
+        served = ", ".join(self.adapters.adapters) if self.adapters is not None else "none"
+        return f"the LoRA adapter {params.lora!r} is not served here (adapters: {served})"
+
+    def _adapter_gate(self, seq: Seq) -> bool:
+        """The scheduler's admission check: the sequence's adapter holds a slot now (loaded if one may be freed).
+        Pinned: adapters with sequences running or waiting in the engine. Requests still in the engine loop's
+        queue do not pin: they wait on the scheduler's waiting sequences, which would wait on them."""
+        assert self.adapters is not None and seq.params.lora is not None
+        in_use: Counter[str] = Counter()
+        for s in (*self.scheduler.running, *self.scheduler.waiting):
+            if s.params.lora is not None:
+                in_use[s.params.lora] += s.num_seqs
+        return self.adapters.acquire(seq.params.lora, in_use)
+
     def _new_request(self, request_id: str, prompts: list[list[int]], params: SamplingParams) -> list[Seq]:
+        unknown = self.unknown_adapter(params)
+        if unknown is not None:
+            raise ValueError(unknown)
         for prompt in prompts:
             reason = self.check_feasible(len(prompt), params.max_tokens, params.n)
             if reason is not None:
@@ -235,6 +264,8 @@ class EngineCore:
         if plan.is_empty:
             return []
         scheduled = time.perf_counter()
+        if self.adapters is not None:
+            self.adapters.touch({c.seq.params.lora for c in plan.chunks if c.seq.params.lora is not None})
         if after_schedule is not None:
             after_schedule()
         result = self.runner.execute(plan)
@@ -327,4 +358,11 @@ class EngineCore:
             deferrals=dict(self.scheduler.deferrals),
             last_step_duration_s=self._last_step_s,
             prefix_keys=self._resident_keys,
+            **self._adapter_stats(),
         )
+
+    def _adapter_stats(self) -> dict:
+        if self.adapters is None:
+            return {}
+        return {"adapters_resident": tuple(a for a in self.adapters.resident if a is not None),
+                "adapter_loads": self.adapters.loads, "adapter_evictions": self.adapters.evictions}

@@ -82,6 +82,7 @@ class EngineLoop:
             description=loaded.description, is_demonstration=loaded.is_demonstration, pid=pid,
             weight_bytes=loaded.model.weight_bytes(), quantization=loaded.model.quantization(),
             dtype=str(loaded.model.compute_dtype).removeprefix("torch."),
+            adapters=tuple(self.core.adapters.adapters) if self.core.adapters is not None else (),
         )
 
     def _on_step(self, record: StepRecord) -> None:
@@ -95,6 +96,8 @@ class EngineLoop:
             rid = message.request_id
             why = next((w for p in message.prompts
                         if (w := self.core.check_feasible(len(p), message.params.max_tokens, message.params.n))), None)
+            if why is None:
+                why = self.core.unknown_adapter(message.params)
             if why is None and (rid in self._waiting or rid in self._building):
                 why = f"request id {rid!r} is already in use"
             if why is None and message.params.is_batch:

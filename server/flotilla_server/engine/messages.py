@@ -88,6 +88,7 @@ class EngineInfo:
     weight_bytes: int = 0  # every byte of weights held, packed copies included (DecoderModel.weight_bytes)
     quantization: str = "none"  # how they are held: none, or gguf: and the block types (DecoderModel.quantization)
     dtype: str = "float32"  # the activations' and KV cache's (flags.DTYPES): `--dtype auto` chosen
+    adapters: tuple[str, ...] = ()  # the LoRA adapters served on the model (--lora names), in flag order
 
 
 @dataclass(frozen=True)

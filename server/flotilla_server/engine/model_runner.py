@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from flotilla_server.engine.adapter_cache import AdapterCache
 from flotilla_server.engine.decode_graphs import DecodeGraphs
 from flotilla_server.engine.grammar_mask import MaskFiller
 from flotilla_server.engine.logprobs import token_logprobs
@@ -28,6 +29,7 @@ from flotilla_server.engine.step_plan import StepPlan
 from flotilla_server.engine.step_threads import SmallStepThreads
 from flotilla_server.model import AttentionBatch, DecoderModel, KVCacheTensors
 from flotilla_server.model.linear import pack_one_row
+from flotilla_server.model.lora_linear import BASE_SLOT
 
 
 @dataclass(frozen=True)
@@ -45,11 +47,13 @@ class StepResult:
 
 class ModelRunner:
     def __init__(self, model: DecoderModel, kv: KVCacheTensors, device: str | torch.device,
-                 seed: int | None = None, small_step_threads: int = 0, graphs: DecodeGraphs | None = None) -> None:
+                 seed: int | None = None, small_step_threads: int = 0, graphs: DecodeGraphs | None = None,
+                 adapters: AdapterCache | None = None) -> None:
         self.model = model
         self.kv = kv
         self.device = torch.device(device)
         self.graphs = graphs  # captured decode steps (engine/decode_graphs.py); None: every step eager
+        self.adapters = adapters  # LoRA slots: each step's rows are given their sequence's slot; None: no adapters
         # None: every step on the thread's own count (CUDA, or the rule off)
         self._threads = (SmallStepThreads(torch.get_num_threads(), small_step_threads)
                          if self.device.type == "cpu" and small_step_threads else None)
@@ -105,6 +109,18 @@ class ModelRunner:
         self._threads.observe(rows, want, time.perf_counter() - start)
         return replace(result, num_threads=want)
 
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
+                 row_slots: list[int]) -> torch.Tensor:
+        """The model over the step's rows, each row through its adapter's slot; the slots' rows are cleared
+        after, so that no later forward pass (a timer's, a graph's capture) reads this step's."""
+        if self.adapters is None or all(s == BASE_SLOT for s in row_slots):
+            return self.model(ids, positions, batch, self.kv)
+        self.adapters.slots.set_rows(torch.tensor(row_slots, dtype=torch.long, device=self.device))
+        try:
+            return self.model(ids, positions, batch, self.kv)
+        finally:
+            self.adapters.slots.set_rows(None)
+
     @torch.inference_mode()
     def _execute(self, plan: StepPlan) -> StepResult:
         prepare_start = time.perf_counter()
@@ -114,8 +130,11 @@ class ModelRunner:
         context_lens: list[int] = []
         tables: list[list[int]] = []
         sample_rows: list[int] = []  # per row of plan.sampled_seqs(): its position in the batch
+        row_slots: list[int] = []  # per token row, in the step's flat order: its adapter's slot (adapters only)
         for c in plan.chunks:
             seq = c.seq
+            if self.adapters is not None:
+                row_slots += [self.adapters.slot_of(seq.params.lora)] * c.num_tokens
             end = c.context_len
             if c.num_tokens == 1:
                 input_ids.append(seq.token_slice(c.start, end)[0])
@@ -147,7 +166,7 @@ class ModelRunner:
             ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
             pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
             start = time.perf_counter()
-            hidden = self.model(ids_t, pos_t, batch, self.kv)
+            hidden = self._forward(ids_t, pos_t, batch, row_slots)
             logits = self.model.compute_logits(hidden.index_select(0, rows_t)) if sample_rows else None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

@@ -86,6 +86,10 @@ class EngineStats:
     # the engine loop's admission queue (submitted, not yet admitted), by class: what several HTTP processes
     # report (http/state.py), where each holds only its own exact count
     queued_by_class: dict[str, int] = field(default_factory=dict)
+    # LoRA adapters (engine/adapter_cache.py): resident now, and copies into and out of the slots since start
+    adapters_resident: tuple[str, ...] = ()
+    adapter_loads: int = 0
+    adapter_evictions: int = 0
 
 
 StepListener = Callable[[StepRecord], None]  # told of every step, on the engine thread

@@ -41,6 +41,8 @@ class SamplingParams:
     # llguidance grammar text (flotilla_server/grammar): every token is sampled through its mask, and the reply
     # ends ("stop") when the grammar is complete; None: unconstrained
     grammar: str | None = None
+    # the LoRA adapter (a --lora name) every token of the request is computed with; None: the base model
+    lora: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

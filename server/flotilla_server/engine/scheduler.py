@@ -23,13 +23,17 @@ it out and hands the sampled tokens back to `update`. Rules (docs/architecture.m
   to an interactive arrival (a bounded number of times), takes little prefill while interactive work waits,
   and sits out the decode of a step that prefills interactive work (never two steps in a row). Preempted
   batch sequences never hold back interactive arrivals.
+- LoRA adapters: a sequence is admitted only once its adapter holds a slot (`adapter_gate`, the core's
+  engine/adapter_residency.py rule), after the slot and block checks pass (a load is not wasted on a sequence
+  that would not fit). One waiting for an adapter slot ("no_adapter_slot") holds back nobody behind it: the
+  slot frees only when the sequences pinning it finish, and those may be behind it.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections import Counter, deque
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from flotilla_contract.classes import REQUEST_CLASSES
 
@@ -43,6 +47,7 @@ from flotilla_server.engine.step_plan import ScheduledChunk, StepPlan
 from flotilla_server.engine.stopping import token_finish_reason
 
 DEFERRAL_REASONS = ("no_slot", "no_blocks")
+NO_ADAPTER_SLOT = "no_adapter_slot"  # every adapter slot is pinned (counted once it happens)
 
 
 class Scheduler:
@@ -55,6 +60,7 @@ class Scheduler:
         eos_token_ids: Collection[int] = (),
         reserve_blocks: int | None = None,
         rules: ClassRules | None = None,
+        adapter_gate: Callable[[Sequence], bool] | None = None,
     ) -> None:
         if max_num_batched_tokens < max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs so every decode fits a step")
@@ -78,6 +84,8 @@ class Scheduler:
         self._lean_last_step = False  # the last step left batch decode rows out
         self._tickets = itertools.count()
         self._by_id: dict[str, list[Sequence]] = {}  # a request's unfinished sequences, forks included
+        # True when the sequence's adapter holds a slot now (loading it if it may); None: no adapters served
+        self.adapter_gate = adapter_gate
 
     # --- arrivals -------------------------------------------------------------------------------
 
@@ -112,7 +120,11 @@ class Scheduler:
         if not self.rules.fits_class_slots(seq, self.running, self.max_num_seqs):
             return "no_slot"
         hit = self._cache_hit(seq)
-        return self.admission_block(seq.num_tokens, len(hit) - self.pool.num_free_in(hit), seq.num_seqs)
+        reason = self.admission_block(seq.num_tokens, len(hit) - self.pool.num_free_in(hit), seq.num_seqs)
+        if reason is None and seq.params.lora is not None and self.adapter_gate is not None \
+                and not self.adapter_gate(seq):
+            return NO_ADAPTER_SLOT
+        return reason
 
     def _cache_hit(self, seq: Sequence) -> list[int]:
         """The cached blocks `seq` would start from: full blocks only, and never its last token."""
@@ -121,7 +133,7 @@ class Scheduler:
         bs = self.pool.block_size
         limit = (seq.num_tokens - 1) // bs
         if len(seq.block_hashes) < limit:
-            extend_hashes(seq.block_hashes, seq.token_slice(0, limit * bs), bs, seq.params.cache_salt)
+            extend_hashes(seq.block_hashes, seq.token_slice(0, limit * bs), bs, seq.params.cache_salt, seq.params.lora)
         return self.pool.match_prefix(seq.block_hashes[:limit])
 
     def try_admit(self, seq: Sequence, rest: Collection[Sequence] = ()) -> str | None:
@@ -178,7 +190,7 @@ class Scheduler:
         if not self.pool.enable_caching or first >= end:
             return
         if len(seq.block_hashes) < end:
-            extend_hashes(seq.block_hashes, seq.token_slice(0, end * bs), bs, seq.params.cache_salt)
+            extend_hashes(seq.block_hashes, seq.token_slice(0, end * bs), bs, seq.params.cache_salt, seq.params.lora)
         for i in range(first, end):
             self.pool.register(seq.block_table[i], seq.block_hashes[i])
 
@@ -199,9 +211,12 @@ class Scheduler:
         for seq in list(self.waiting):
             if seq.params.is_batch and batch_blocked:
                 continue
-            if self._admission_block_for(seq) is None:
+            reason = self._admission_block_for(seq)
+            if reason is None:
                 self.waiting.remove(seq)
                 self._start(seq)
+            elif reason == NO_ADAPTER_SLOT:
+                continue
             elif seq.params.is_batch:
                 batch_blocked = True
             else:

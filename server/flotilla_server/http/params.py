@@ -58,11 +58,16 @@ def tenant(request: Request, body: _SamplingFields) -> str:
     return name
 
 
-def check_model(state: ServerState, model: str) -> None:
-    if model != state.served_model_name:
-        raise APIError(404, f"The model {model!r} does not exist here: this server serves "
-                            f"{state.served_model_name!r} (see GET /v1/models).",
-                       param="model", code="model_not_found")
+def check_model(state: ServerState, model: str) -> str | None:
+    """The LoRA adapter a request's `model` names (None: the base model); a 404 for any other name."""
+    if model == state.served_model_name:
+        return None
+    if model in state.adapters:
+        return model
+    adapters = f" and the LoRA adapters {', '.join(map(repr, state.adapters))}" if state.adapters else ""
+    raise APIError(404, f"The model {model!r} does not exist here: this server serves "
+                        f"{state.served_model_name!r}{adapters} (see GET /v1/models).",
+                   param="model", code="model_not_found")
 
 
 def logprobs_wanted(field: str, count: int | None) -> int | None:
@@ -75,9 +80,9 @@ def logprobs_wanted(field: str, count: int | None) -> int | None:
 
 def sampling_params(state: ServerState, body: _SamplingFields, num_prompt_tokens: int,
                     max_tokens: int | None, request: Request, chat: bool = False,
-                    logprobs: int | None = None, grammar: str | None = None) -> SamplingParams:
+                    logprobs: int | None = None, grammar: str | None = None, lora: str | None = None) -> SamplingParams:
     """`num_prompt_tokens`: of the longest prompt; `logprobs`: from `logprobs_wanted`; `request` gives the
-    prefix key, the class and the tenant."""
+    prefix key, the class and the tenant; `lora`: from `check_model`."""
     num_slots = state.engine.stats().num_slots
     if body.n > num_slots:  # the n choices of a prompt run at once
         raise APIError(400, f"n is {body.n}, but this server runs at most {num_slots} sequences at once and the "
@@ -114,6 +119,7 @@ def sampling_params(state: ServerState, body: _SamplingFields, num_prompt_tokens
             tenant=tenant(request, body),
             priority=body.priority,
             grammar=grammar,
+            lora=lora,
         )
     except ValueError as e:
         raise APIError(400, f"{e}: change that field and retry.") from None

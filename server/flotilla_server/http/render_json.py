@@ -56,5 +56,5 @@ async def json_body(request: Request, state: ServerState, job: Job, stream: Requ
         headers = dict(DRAINING_HEADERS) if code == "draining" else None  # as every draining 503 has
         raise APIError(status, message, code=code, headers=headers, counted=True)
     outcome.finish(200)
-    return JSONResponse(reply.response(job.request_id, int(time.time()), state.served_model_name, job.chat,
+    return JSONResponse(reply.response(job.request_id, int(time.time()), job.params.lora or state.served_model_name, job.chat,
                                      choices.rendered(), choices.usage()))

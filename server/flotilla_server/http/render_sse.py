@@ -31,7 +31,8 @@ async def sse_body(state: ServerState, job: Job, stream: RequestStream, outcome:
                     arrival_s: float) -> AsyncIterator[bytes]:
     timing = Timing(state, arrival_s, job.num_prompt_tokens, job.params)
     choices = reply.Choices(job, state.tokenizer.decode)
-    model, created, rid, iu = state.served_model_name, int(time.time()), job.request_id, job.include_usage
+    # an adapter's reply names the adapter, as the request did (vLLM does the same)
+    model, created, rid, iu = job.params.lora or state.served_model_name, int(time.time()), job.request_id, job.include_usage
     encoders: dict[int, reply.DeltaEncoder] = {}  # per choice: its plain text chunks, pre-rendered
 
     def delta_chunk(index: int, text: str) -> bytes:

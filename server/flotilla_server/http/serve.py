@@ -140,7 +140,7 @@ def served_model(settings: ServerSettings, info: EngineInfo) -> ServedModel:
     return ServedModel(
         name=settings.served_model_name or info.name, tokenizer=info.tokenizer, vocab_size=info.vocab_size,
         max_model_len=info.max_model_len, description=info.description, is_demonstration=info.is_demonstration,
-        weight_bytes=info.weight_bytes, quantization=info.quantization,
+        weight_bytes=info.weight_bytes, quantization=info.quantization, adapters=info.adapters,
     )
 
 
@@ -156,7 +156,7 @@ def build_state(settings: ServerSettings, engine: EngineClient, model: ServedMod
     return ServerState(
         engine=engine, tokenizer=model.tokenizer, served_model_name=model.name, max_model_len=model.max_model_len,
         vocab_size=model.vocab_size, model_description=model.description,
-        model_weight_bytes=model.weight_bytes, model_quantization=model.quantization,
+        model_weight_bytes=model.weight_bytes, model_quantization=model.quantization, adapters=model.adapters,
         structured=StructuredSettings.from_flags(settings.grammar_compile_timeout_s, settings.max_grammar_compiles,
                                                  settings.tool_call_parser),
         admission=AdmissionQueue(

@@ -25,6 +25,9 @@ class ServerSettings:
     memory_budget_bytes: int | None = None
     load_timeout_s: float = f.DEFAULT_LOAD_TIMEOUT_S
     min_residency_s: float = f.DEFAULT_MIN_RESIDENCY_S
+    lora: str | tuple[str, ...] | None = None  # NAME=SOURCE, one or several (docs/serving.md, "LoRA adapters")
+    max_loras: int = f.DEFAULT_MAX_LORAS
+    max_lora_rank: int = f.DEFAULT_MAX_LORA_RANK
     served_model_name: str | None = None
     host: str = "0.0.0.0"
     port: int = f.DEFAULT_PORT
@@ -134,6 +137,17 @@ class ServerSettings:
             raise ValueError(f"--memory-budget must be > 0, got {self.memory_budget_bytes}")
         if not self.multi_model and not isinstance(self.model, str):
             raise ValueError("several --model flags need a name each: --model NAME=SOURCE (multi-model mode)")
+        self.lora_specs  # noqa: B018 (parsed here, so a bad --lora fails at start-up)
+        if self.max_loras < 1:
+            raise ValueError(f"--max-loras must be >= 1, got {self.max_loras}")
+        if not 1 <= self.max_lora_rank <= f.MAX_LORA_RANK_CAP:
+            raise ValueError(f"--max-lora-rank must be in 1..{f.MAX_LORA_RANK_CAP}, got {self.max_lora_rank}")
+        if self.lora_specs and self.multi_model:
+            raise ValueError("--lora serves adapters on one model; multi-model mode does not serve adapters yet: "
+                             "drop --lora or serve one model")
+        if self.lora_specs and self.cuda_graphs == "on":
+            raise ValueError("--cuda-graphs on does not serve --lora adapters yet (a captured step cannot follow "
+                             "each row's adapter): set --cuda-graphs off or auto")
         if self.multi_model and self.served_model_name is not None:
             raise ValueError("--served-model-name is for one model; in multi-model mode name each model as "
                              "--model NAME=SOURCE")
@@ -144,6 +158,24 @@ class ServerSettings:
         return (self.model,) if isinstance(self.model, str) else self.model
 
     @property
+    def lora_specs(self) -> tuple[tuple[str, str], ...]:
+        """Each --lora NAME=SOURCE as (name, source); names unique and never the served model's own name."""
+        given = () if self.lora is None else (self.lora,) if isinstance(self.lora, str) else self.lora
+        specs: list[tuple[str, str]] = []
+        for text in given:
+            name, sep, source = text.partition("=")
+            name, source = name.strip(), source.strip()
+            if not sep or not name or not source:
+                raise ValueError(f"--lora {text!r}: give NAME=SOURCE, SOURCE a PEFT adapter directory")
+            if any(name == other for other, _ in specs):
+                raise ValueError(f"--lora names the adapter {name!r} twice: give each adapter its own name")
+            if name in (self.served_model_name, self.models[0]):
+                raise ValueError(f"--lora's adapter {name!r} has the served model's name: a request naming it "
+                                 "would be ambiguous; rename the adapter")
+            specs.append((name, source))
+        return tuple(specs)
+
+    @property
     def multi_model(self) -> bool:
         """Multi-model mode: a model list file, or any --model given as NAME=SOURCE."""
         return self.model_list_file is not None or any("=" in m for m in self.models)
@@ -152,8 +184,8 @@ class ServerSettings:
     def uses_cuda_graphs(self) -> bool:
         """--cuda-graphs auto: on for one model on a GPU (docs/benchmarks.md, "On a GPU": 7.5-7.7x the tokens/s at
         batch 1); off in multi-model mode, whose --memory-budget does not count the graphs' memory."""
-        if self.cuda_graphs == "auto":
-            return self.device.startswith("cuda") and not self.multi_model
+        if self.cuda_graphs == "auto":  # and not with adapters: a captured step cannot follow each row's adapter
+            return self.device.startswith("cuda") and not self.multi_model and not self.lora_specs
         return self.cuda_graphs == "on"
 
     @property
@@ -230,4 +262,5 @@ class ServerSettings:
             interactive_reserve_slots=self.reserve_slots, batch_max_preemptions=self.batch_max_preemptions,
             batch_prefill_tokens=self.batch_prefill_tokens, batch_share_slots=self.batch_share_slots,
             small_step_threads=self.small_step_threads, cuda_graphs=self.uses_cuda_graphs,
+            loras=self.lora_specs, max_loras=self.max_loras, max_lora_rank=self.max_lora_rank,
         )

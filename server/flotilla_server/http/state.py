@@ -43,6 +43,7 @@ class ServedModel:
     is_demonstration: bool = False
     weight_bytes: int = 0  # the weights held, packed copies included
     quantization: str = "none"  # how: none, or gguf: and the block types
+    adapters: tuple[str, ...] = ()  # LoRA adapters served on it (--lora names): each also a `model` clients send
 
 
 @dataclass(eq=False)
@@ -56,6 +57,7 @@ class ServerState:
     model_description: str = ""  # shown in /v1/models; says "DEMONSTRATION model" for tiny
     model_weight_bytes: int = 0  # shown in /v1/models and as a gauge
     model_quantization: str = "none"
+    adapters: tuple[str, ...] = ()  # LoRA adapter names a request may send as `model` (--lora)
     metrics: ServerMetrics = field(init=False)
     created_s: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False

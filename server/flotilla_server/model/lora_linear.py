@@ -113,11 +113,14 @@ class LoraProjection(nn.Module):
 
 
 def install_lora(model: nn.Module, slots: LoraSlots) -> None:
-    """Wraps every layer's four projections of a DecoderModel; the base weights stay as they are held."""
+    """Wraps every layer's four projections of a DecoderModel to read `slots`; the base weights stay as they
+    are held. A model wrapped before (a LoadedModel reused, as tests do) is bound to these slots instead."""
     for layer_index, layer in enumerate(model.layers):
         for projection in PROJECTION_PARTS:
             owner_name, attr = projection.split(".")
             owner = getattr(layer, owner_name)
             current = getattr(owner, attr)
-            if not isinstance(current, LoraProjection):
+            if isinstance(current, LoraProjection):
+                current._slots = slots
+            else:
                 setattr(owner, attr, LoraProjection(current, slots, layer_index, projection))

@@ -36,7 +36,7 @@ def template_reads_name(template: str | None) -> bool:
 @router.post("/v1/chat/completions", responses={400: {}, 404: {}, 413: {}, 429: {}, 503: {}})
 async def create_chat_completion(body: ChatCompletionRequest, request: Request, state: State) -> Response:
     """Answer a conversation (OpenAI-compatible); with stream=true the answer is server-sent events."""
-    check_model(state, body.model)
+    lora = check_model(state, body.model)
     if body.top_logprobs and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: set logprobs to true, or drop top_logprobs.",
                        param="top_logprobs")
@@ -61,7 +61,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request, 
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     grammar = await constrain(state, body, tools.constraint if tools is not None else None)
     params = sampling_params(state, body, len(prompt_ids), max_tokens, request, chat=True, logprobs=logprobs,
-                             grammar=grammar)
+                             grammar=grammar, lora=lora)
     job = Job(chat=True, request_id=request_id, prompts=[prompt_ids], params=params, stream=body.stream,
               include_usage=include_usage(body), tool_parser=tools.parser if tools is not None and tools.parse else None,
               max_tool_calls=tools.max_calls if tools is not None else None)

@@ -52,7 +52,7 @@ def prompts_of(state: ServerState, prompt: str | list[int] | list[str] | list[li
 @router.post("/v1/completions", responses={400: {}, 404: {}, 413: {}, 429: {}, 503: {}})
 async def create_completion(body: CompletionRequest, request: Request, state: State) -> Response:
     """Complete a prompt, or each of a list (OpenAI-compatible); with stream=true the answer is server-sent events."""
-    check_model(state, body.model)
+    lora = check_model(state, body.model)
     logprobs = logprobs_wanted("logprobs", body.logprobs)
     if body.echo and logprobs is not None:
         raise APIError(400, "echo with logprobs asks for the prompt's log-probabilities, which this server does not "
@@ -60,7 +60,7 @@ async def create_completion(body: CompletionRequest, request: Request, state: St
     prompts, echo_texts = prompts_of(state, body.prompt, body.echo)
     grammar = await constrain(state, body)
     params = sampling_params(state, body, max(map(len, prompts)), body.max_tokens, request, logprobs=logprobs,
-                             grammar=grammar)
+                             grammar=grammar, lora=lora)
     job = Job(chat=False, request_id=f"cmpl-{uuid.uuid4().hex}", prompts=prompts, params=params,
               stream=body.stream, include_usage=include_usage(body), echo_texts=echo_texts)
     return await generate(request, state, job)

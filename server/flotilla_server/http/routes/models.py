@@ -1,4 +1,5 @@
-"""GET /v1/models: the one model this server serves."""
+"""GET /v1/models: the one model this server serves, and the LoRA adapters served on it (each with the model
+as its `parent`, as vLLM lists them)."""
 
 from __future__ import annotations
 
@@ -19,4 +20,7 @@ async def list_models(state: State) -> dict:
     }
     if state.model_description:
         card["description"] = state.model_description
-    return {"object": "list", "data": [card]}
+    adapters = [{"id": name, "object": "model", "created": state.created_s, "owned_by": "flotilla",
+                 "parent": state.served_model_name, "root": name, "max_model_len": state.max_model_len}
+                for name in state.adapters]
+    return {"object": "list", "data": [card, *adapters]}
