@@ -111,14 +111,14 @@ def _ring(addresses: tuple[str, ...]) -> tuple[tuple[int, ...], tuple[str, ...]]
 def _prefix(pool: list[PodView], key: str, holders: frozenset[str]) -> PodView:
     bound = load_bound(sum(p.load for p in pool), len(pool))
     fits = [p for p in pool if p.load + 1 <= bound]  # never empty: the least-loaded pod fits
-    walk = _walk({p.address for p in pool}, key)
+    walk = ring_walk({p.address for p in pool}, key)
     warm = [p for p in fits if p.address in holders]
     if warm:
         return min(warm, key=lambda p: walk[p.address])
     return min(fits, key=lambda p: (p.recent_prefixes, walk[p.address]))
 
 
-def _walk(addresses: set[str], key: str) -> dict[str, int]:
+def ring_walk(addresses: set[str], key: str) -> dict[str, int]:
     """Each pod's place in the walk clockwise from the key's hash on the ring (0: the key's home)."""
     hashes, owners = _ring(tuple(sorted(addresses)))
     start = bisect.bisect_left(hashes, _hash(key)) % len(hashes)

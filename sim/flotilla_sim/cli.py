@@ -3,6 +3,7 @@
   flotilla-sim fleet --models 1000 --gpus 10000 --out docs/sim     one Azure-trace day, fluid mode
   flotilla-sim trace FILE --fidelity request --out /tmp/sim         a trace file (docs/simulation.md)
   flotilla-sim generate diurnal --rate 20 --models 10 --duration-s 3600 -o trace.csv
+  flotilla-sim adapters --adapters 64 --pods 4 --out docs/sim      LoRA adapter routing policies compared
 
 A bad flag, file or $FLOTILLA_TRACES stops the command before it simulates anything, with one line on
 stderr saying what to change and exit status 2.
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from flotilla_contract.one_line_parser import OneLineParser
 
-from flotilla_sim import experiment, policies, report, request_level, workload
+from flotilla_sim import adapters, experiment, policies, report, request_level, workload
 from flotilla_sim.errors import InputError
 from flotilla_sim.server_model import ServerProfile, fit_bench, roofline
 
@@ -169,6 +170,25 @@ def cmd_generate(args: argparse.Namespace) -> None:
     print(f"wrote {len(trace)} requests over {args.models} models to {args.output}")
 
 
+def cmd_adapters(args: argparse.Namespace) -> None:
+    """The adapter routing policies (sim/flotilla_sim/adapters.py) on one trace, Zipf adapters drawn once."""
+    out = _out_dir(args.out)
+    trace = workload.read_azure(args.trace)
+    if args.max_loras > args.adapters:
+        raise InputError(f"--max-loras {args.max_loras} is more than --adapters {args.adapters}: every pod would "
+                         "hold every adapter; raise --adapters or lower --max-loras")
+    drawn = adapters.zipf_adapters(len(trace), args.adapters, args.zipf, np.random.default_rng(args.seed))
+    scale_up_at_s = float(trace.arrival_s[-1]) / 2 if args.scale_up else None
+    runs = [adapters.run(trace, drawn, policy, args.pods, args.slots, args.max_loras, args.tpot_ms / 1000,
+                         scale_up_at_s) for policy in adapters.POLICIES]
+    table = adapters.markdown(runs)
+    config = {k: getattr(args, k) for k in ("trace", "adapters", "zipf", "pods", "slots", "max_loras", "tpot_ms",
+                                            "scale_up", "seed")}
+    (out / "adapters.json").write_text(adapters.to_json(config, runs))
+    (out / "adapters.md").write_text(table)
+    print(table)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="flotilla-sim", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -212,6 +232,21 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=non_negative_int, default=0, help="seed of the draws (0 or more)")
     gen.add_argument("-o", "--output", required=True, help="the CSV to write")
     gen.set_defaults(func=cmd_generate)
+    ad = sub.add_parser("adapters", help="LoRA adapter routing policies on an Azure trace with Zipf adapters",
+                        description="The gateway's adapter rule against always-the-holder and spread-by-load: "
+                                    "hot-spot ratio, adapter loads per hour, latency, and a mid-run pod's share.")
+    ad.add_argument("--trace", choices=("conv", "code"), default="conv", help="the Azure trace's arrivals")
+    ad.add_argument("--adapters", type=positive_int, default=64, help="adapters, Zipf-popular (1 or more)")
+    ad.add_argument("--zipf", type=positive_float, default=1.0, help="Zipf exponent of adapter popularity (above 0)")
+    ad.add_argument("--pods", type=positive_int, default=4, help="pods at the start (1 or more)")
+    ad.add_argument("--slots", type=positive_int, default=16, help="requests a pod runs at once (1 or more)")
+    ad.add_argument("--max-loras", type=positive_int, default=8, help="adapters a pod holds at once (1 or more)")
+    ad.add_argument("--tpot-ms", type=positive_float, default=30.0, help="time per output token, ms (above 0)")
+    ad.add_argument("--no-scale-up", dest="scale_up", action="store_false",
+                    help="no pod joins half-way (by default one does)")
+    ad.add_argument("--seed", type=non_negative_int, default=0, help="seed of the adapter draws (0 or more)")
+    ad.add_argument("--out", default="sim-out", help="directory for adapters.json and adapters.md")
+    ad.set_defaults(func=cmd_adapters)
     return parser
 
 

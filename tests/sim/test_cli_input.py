@@ -20,11 +20,12 @@ import pytest
 from flotilla_sim import cli
 
 # the least each subcommand needs to parse; the flag under test comes after, so it overrides (--rate)
-BASE_ARGS = {"fleet": [], "trace": ["t.csv"], "generate": ["poisson", "--rate", "1", "-o", "t.csv"]}
+BASE_ARGS = {"fleet": [], "trace": ["t.csv"], "generate": ["poisson", "--rate", "1", "-o", "t.csv"], "adapters": []}
 # flags at which 0 is a meaningful value, and why
 ZERO_IS_VALID = {
     ("fleet", "--seed"): "a seed: numpy takes any whole number from 0, and 0 is the default",
     ("generate", "--seed"): "a seed: numpy takes any whole number from 0, and 0 is the default",
+    ("adapters", "--seed"): "a seed: numpy takes any whole number from 0, and 0 is the default",
 }
 
 
