@@ -32,6 +32,10 @@ COMMANDS = {
     "llamacpp": ("flotilla_server.bench.llama_compare",
                  "Flotilla against llama.cpp's own llama-server on the same GGUF file: streamed tokens/s at 1 and 16 "
                  "clients, as the machine runs and with the AVX2 paths forced"),
+    "lora": ("flotilla_server.bench.lora",
+             "8 LoRA adapters of rank 16 on llama-100m in one server: streamed tokens/s with every request on a "
+             "different adapter against every request on the base model, and the adapters' memory against 8 "
+             "copies of the model"),
 }
 DESCRIPTION = ("Benchmarks of flotilla-server: `offline` drives the engine directly, `online` any "
                "OpenAI-compatible server over HTTP. Figures and how they were recorded: docs/benchmarks.md.")
