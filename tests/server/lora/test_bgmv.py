@@ -81,7 +81,7 @@ def test_bad_arguments_are_refused_by_the_op():
     slots = filled_slots()
     a, b, ends = slots.a[(0, "mlp.down_proj")], slots.b[(0, "mlp.down_proj")], slots.part_ends["mlp.down_proj"]
     x, y = torch.randn(2, a.shape[2]), torch.zeros(2, b.shape[2])
-    with pytest.raises(RuntimeError, match="slot 9 is outside -1..3"):
+    with pytest.raises(RuntimeError, match=r"slot 9 is outside -1\.\.3"):
         torch.ops.flotilla.lora_bgmv(x, torch.tensor([0, 9]), a, b, ends, y)
     with pytest.raises(RuntimeError, match="shapes do not agree"):
         torch.ops.flotilla.lora_bgmv(x[:, :-1].contiguous(), torch.tensor([0, 1]), a, b, ends, y)
