@@ -99,6 +99,16 @@ SERVER_FLAGS: tuple[Flag, ...] = (
          "and adapter_model.safetensors). Repeat it for more. A request names it as `model`; GET /v1/models lists "
          "it with the model as its parent. An adapter that does not fit the model refuses the start (exit 2).",
          repeatable=True),
+    Flag("--lora-list-file", "lora_list_file", "str", None,
+         "A file of LoRA adapters, one NAME=SOURCE a line (# comments, blank lines ignored), re-read when it "
+         "changes (checked every second): an added line is loaded, a removed one unloaded as "
+         "/v1/unload_lora_adapter does. At start a bad line or adapter exits 2 naming it; on a re-read it is "
+         "logged and skipped while the other lines apply."),
+    Flag("--lora-dir", "lora_dir", "str", None,
+         "A directory that POST /v1/load_lora_adapter may read adapters from (its lora_path must lie under it, "
+         "symlinks resolved); repeat it for more. Unset: the runtime adapter API (load and unload) is off, 403. "
+         "Adapters loaded through it do not survive a restart unless listed (--lora, --lora-list-file).",
+         repeatable=True),
     Flag("--max-loras", "max_loras", "int", DEFAULT_MAX_LORAS,
          "LoRA adapters resident at once (slots allocated at start, in the compute dtype); the others wait in "
          "host memory and are loaded on first use, evicting the least recently used adapter without requests."),

@@ -133,7 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = served_model(settings, info)
     if model.name in model.adapters:  # the model's own name is known only now (its directory's, by default)
         engine.shutdown()
-        return _refuse(f"--lora's adapter {model.name!r} has the served model's name: a request naming it would "
+        flag = "--lora" if any(name == model.name for name, _ in settings.lora_specs) else "--lora-list-file"
+        return _refuse(f"{flag}'s adapter {model.name!r} has the served model's name: a request naming it would "
                        "be ambiguous; rename the adapter", argv)
     if settings.engine_mode == "process":
         print(f"flotilla-server: the engine runs in process {info.pid}", flush=True)

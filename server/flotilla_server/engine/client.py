@@ -9,6 +9,8 @@ The interface, all the HTTP side (and a multi-model server) sees:
   when it fits; `stream.admitted` completes then. `abort(request_id, reason)` at any time.
 - `check_feasible`, `stats()` (the state after the engine's last turn, never a round trip), step, abort
   and death listeners, `alive`, and `shutdown()`, which returns once the engine's memory is free.
+- `await adapter_call(LoadAdapter | UnloadAdapter) -> AdapterReply`: the engine answers once the adapter is
+  read (off the event loop, engine/adapter_service.py); if the engine stops first the answer is a 503.
 
 The engine applies `submit` and `abort` only between steps (engine/loop.py). An abort ends the stream here
 at once, with its reason; the engine frees the blocks before its next step. If the engine dies, every
@@ -19,6 +21,7 @@ stream ends with abort_reason "engine_error" and the death listeners are told. T
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -26,12 +29,17 @@ from typing import Any, Literal, Protocol
 
 from flotilla_server.engine.feasibility import infeasible_reason
 from flotilla_server.engine.messages import (
+    ADAPTER_NOT_SERVED,
+    NOT_SERVED_PREFIX,
     AbortRequest,
+    AdapterReply,
     AddRequest,
     EngineInfo,
     EngineOptions,
     EngineStartError,
     EngineUpdate,
+    LoadAdapter,
+    UnloadAdapter,
 )
 from flotilla_server.engine.outputs import EngineStats, StepListener
 from flotilla_server.engine.sampling_params import SamplingParams
@@ -74,13 +82,16 @@ class EngineClient:
         self._death_listeners: list[DeathListener] = []
         self._alive = False
         self._stopped = False
+        # adapter calls waiting for the engine's answer: call id -> (its event loop, its future)
+        self._calls: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future[AdapterReply]]] = {}
 
     # --- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> EngineInfo:
         """Load the model and start the engine; raises EngineStartError with what to change."""
         self.info = self._backend.start(self._on_update, self._on_death)
-        self._stats = EngineStats(0, 0, self.info.num_slots, 0, self.info.num_kv_blocks, 0)
+        self._stats = EngineStats(0, 0, self.info.num_slots, 0, self.info.num_kv_blocks, 0,
+                                  adapters_served=self.info.adapters)
         self._alive = True
         return self.info
 
@@ -138,6 +149,28 @@ class EngineClient:
         if self._end(request_id, reason) and self._alive:
             self._backend.send(AbortRequest(request_id))
 
+    async def adapter_call(self, message: LoadAdapter | UnloadAdapter) -> AdapterReply:
+        """Send an adapter load or unload and wait, on the event loop, for the engine's answer."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[AdapterReply] = loop.create_future()
+        with self._lock:
+            self._calls[message.call_id] = (loop, future)
+        if not self._alive:
+            self._answer(AdapterReply(message.call_id, 503, "The engine is not running."))
+        else:
+            self._backend.send(message)
+        return await future
+
+    def _answer(self, reply: AdapterReply) -> None:
+        """Any thread: complete the call's future on its event loop."""
+        with self._lock:
+            waiting = self._calls.pop(reply.call_id, None)
+        if waiting is None:
+            return
+        loop, future = waiting
+        with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(reply))
+
     def _end(self, request_id: str, reason: str) -> bool:
         with self._lock:
             stream = self._streams.pop(request_id, None)
@@ -148,9 +181,11 @@ class EngineClient:
 
     def _end_all(self, reason: str) -> None:
         with self._lock:
-            ids = list(self._streams)
+            ids, calls = list(self._streams), list(self._calls)
         for rid in ids:
             self._end(rid, reason)
+        for call_id in calls:
+            self._answer(AdapterReply(call_id, 503, f"The engine stopped ({reason}) before answering."))
 
     # --- observation ----------------------------------------------------------------------------
 
@@ -180,10 +215,12 @@ class EngineClient:
     # --- the receiving thread -------------------------------------------------------------------
 
     def _on_update(self, update: EngineUpdate) -> None:
-        self._stats = update.stats
+        self._stats = update.stats  # before the answers: a loaded adapter is served once its caller hears it
+        for reply in update.adapter_replies:
+            self._answer(reply)
         for rid, why in update.refused:
             log.warning("the engine refused request %s: %s", rid, why)
-            self._end(rid, "engine_error")
+            self._end(rid, ADAPTER_NOT_SERVED if why.startswith(NOT_SERVED_PREFIX) else "engine_error")
         with self._lock:
             admitted = [s for rid in update.admitted if (s := self._streams.get(rid)) is not None]
         for stream in admitted:

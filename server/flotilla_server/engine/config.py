@@ -54,6 +54,15 @@ class EngineConfig:
     loras: tuple[tuple[str, str], ...] = ()
     max_loras: int = DEFAULT_MAX_LORAS
     max_lora_rank: int = DEFAULT_MAX_LORA_RANK
+    # a file of NAME=SOURCE adapter lines, read at start and followed as it changes (engine/lora_list.py)
+    lora_list_file: str | None = None
+    # adapters may be loaded and unloaded at run time (POST /v1/load_lora_adapter): max_loras slots from start
+    lora_runtime_loads: bool = False
+
+    @property
+    def serves_adapters(self) -> bool:
+        """An adapter cache is built: adapters given, listed, or loadable at run time."""
+        return bool(self.loras or self.lora_list_file or self.lora_runtime_loads)
 
     def __post_init__(self) -> None:
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
@@ -91,7 +100,7 @@ class EngineConfig:
                              f"{self.max_loras} and {self.max_lora_rank}")
         if len({name for name, _ in self.loras}) != len(self.loras):
             raise ValueError(f"loras: each adapter needs its own name, got {[name for name, _ in self.loras]}")
-        if self.loras and self.cuda_graphs:
+        if self.serves_adapters and self.cuda_graphs:
             raise ValueError("cuda_graphs with loras: a captured decode step cannot follow each row's adapter")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")

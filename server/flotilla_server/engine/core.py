@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from flotilla_server.engine.adapter_cache import AdapterCache
+from flotilla_server.engine.adapter_cache import start_adapters
 from flotilla_server.engine.class_rules import ClassRules
 from flotilla_server.engine.config import EngineConfig
 from flotilla_server.engine.decode_graphs import CudaGraphBackend, DecodeGraphs, EagerBackend
@@ -27,6 +27,7 @@ from flotilla_server.engine.grammar_book import GrammarBook
 from flotilla_server.engine.graph_shapes import DEFAULT_GATHER_BUDGET_TOKENS, GraphShapes
 from flotilla_server.engine.kv_pool import BlockPool
 from flotilla_server.engine.memory_facts import host_capacity, profile_step_bytes, weights_bytes
+from flotilla_server.engine.messages import NOT_SERVED_PREFIX
 from flotilla_server.engine.model_runner import ModelRunner
 from flotilla_server.engine.outputs import EngineStats, RequestOutput, StepListener, StepRecord, TokenLogprobs
 from flotilla_server.engine.pool_sizing import MemoryFacts, plan_pool
@@ -69,8 +70,7 @@ class EngineCore:
         mc = self.loaded.config
         dtype = self.loaded.model.compute_dtype  # the KV cache's too
         # adapters are read (and refused) before the pool is sized: their slots are counted with the weights
-        self.adapters = (AdapterCache.build(self.loaded.model, mc, config.loras, config.max_loras, config.max_lora_rank,
-                                            dtype, config.device) if config.loras else None)
+        self.adapters, self.lora_list, self.lora_listed = start_adapters(self.loaded.model, mc, config, dtype)
         adapter_bytes = 0 if self.adapters is None else self.adapters.slots.nbytes()
         per_block = KVCacheTensors.bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, dtype)
         # the graphs' gather buffers exist before the pool is sized from free memory: it leaves them room
@@ -183,11 +183,15 @@ class EngineCore:
         )
 
     def unknown_adapter(self, params: SamplingParams) -> str | None:
-        """Why a request's adapter cannot be served here, or None (the base model, or a --lora name)."""
+        """Why a request's adapter cannot be served here, or None (the base model, or an adapter held: its key,
+        engine/adapter_cache.py; a --lora adapter's key is its name)."""
         if params.lora is None or (self.adapters is not None and params.lora in self.adapters.adapters):
             return None
-        served = ", ".join(self.adapters.adapters) if self.adapters is not None else "none"
-        return f"the LoRA adapter {params.lora!r} is not served here (adapters: {served})"
+        return self.not_served(params.lora)
+
+    def not_served(self, name: str) -> str:
+        served = ", ".join(self.adapters.served) if self.adapters is not None else "none"
+        return f"{NOT_SERVED_PREFIX}{name!r} is not served here (adapters: {served})"
 
     def _adapter_gate(self, seq: Seq) -> bool:
         """The scheduler's admission check: the sequence's adapter holds a slot now (loaded if one may be freed).
@@ -362,7 +366,9 @@ class EngineCore:
         )
 
     def _adapter_stats(self) -> dict:
-        if self.adapters is None:
+        a = self.adapters
+        if a is None:
             return {}
-        return {"adapters_resident": tuple(a for a in self.adapters.resident if a is not None),
-                "adapter_loads": self.adapters.loads, "adapter_evictions": self.adapters.evictions}
+        return {"adapters_resident": tuple(a.names[key] for key in a.resident if key is not None),
+                "adapter_loads": a.loads, "adapter_evictions": a.evictions, "adapter_load_seconds": a.load_seconds,
+                "adapters_served": tuple(a.served)}

@@ -9,8 +9,10 @@ Rules:
 - each request belongs to the HTTP process that added it: its admission, refusal and outputs go back there
   only, so no HTTP process ever sees another's tokens; a request leaves the map when its last choice
   finishes, when it is refused, or when its owner aborts it;
-- every HTTP process gets the engine's stats after every turn (gauges and load reports read them), and
-  only the first gets the step records, so that the step histograms count each step once;
+- every HTTP process gets the engine's stats after every turn (gauges and load reports read them, and the
+  adapters served: a load through one HTTP process serves requests through all), and only the first gets
+  the step records, so that the step histograms count each step once;
+- an adapter load's or unload's answer goes back to the HTTP process that asked;
 - `Shutdown` from one HTTP process, or its pipe closing, aborts its requests and drops its pipe, and is
   not a message for the loop: the others' requests go on. The loop gets Shutdown when no pipe is left.
 """
@@ -25,7 +27,14 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from flotilla_server.engine.messages import AbortRequest, AddRequest, EngineUpdate, Shutdown
+from flotilla_server.engine.messages import (
+    AbortRequest,
+    AddRequest,
+    EngineUpdate,
+    LoadAdapter,
+    Shutdown,
+    UnloadAdapter,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +49,7 @@ class FrontInbox:
     def __init__(self, conns: list[Connection]) -> None:
         self._conns: dict[int, Connection] = dict(enumerate(conns))
         self._owners: dict[str, _Owner] = {}
+        self._callers: dict[str, int] = {}  # an adapter call's id -> the HTTP process waiting for its answer
         self._pending: deque[Any] = deque()  # messages for the loop, in the order they were read
 
     # --- the loop's Inbox ----------------------------------------------------------------------------
@@ -82,6 +92,8 @@ class FrontInbox:
             self._owners[message.request_id] = _Owner(front, len(message.prompts) * message.params.n)
         elif isinstance(message, AbortRequest):
             self._owners.pop(message.request_id, None)
+        elif isinstance(message, LoadAdapter | UnloadAdapter):
+            self._callers[message.call_id] = front
         return message
 
     def _drop(self, front: int, why: str) -> None:
@@ -90,6 +102,7 @@ class FrontInbox:
         for rid in orphans:
             del self._owners[rid]
             self._pending.append(AbortRequest(rid))
+        self._callers = {call: f for call, f in self._callers.items() if f != front}
         log.info("HTTP process %d left (%s); %d of its requests aborted", front, why, len(orphans))
         if not self._conns:
             self._pending.append(Shutdown())
@@ -117,6 +130,10 @@ class FrontInbox:
                     del self._owners[out.request_id]
             if o.front in by_front:
                 by_front[o.front].outputs.append(out)
+        for reply in update.adapter_replies:
+            caller = self._callers.pop(reply.call_id, None)
+            if caller in by_front:
+                by_front[caller].adapter_replies.append(reply)  # type: ignore[index]
         for front, part in by_front.items():
             with contextlib.suppress(OSError, ValueError):  # it is gone: the next read drops it
                 self._conns[front].send(part)

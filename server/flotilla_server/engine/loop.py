@@ -5,6 +5,11 @@ pipe; in the in-process mode (engine/backends.py) from a queue, on a thread. Eit
 applied only between steps, never between a step's plan and its execution: an abort can no longer free
 the blocks a forward pass is about to read (docs/architecture.md, "Engine").
 
+LoRA adapters: a request names its adapter; on arrival the name becomes the adapter's key (engine/
+adapter_cache.py), so a request admitted before an unload runs to its end with the adapter it named. Runtime
+loads and unloads, and the list file, go through engine/adapter_service.py; after each turn, unloaded
+adapters that no sequence or queued request uses are dropped.
+
 The admission queue lives here, next to the state it decides on: waiters are admitted by weighted fair
 queuing between classes and tenants, by priority and ticket within them, with bounded overtaking
 (engine/fair_admission.py), whenever a turn may have freed capacity. Its bound and each waiter's wait
@@ -14,12 +19,14 @@ budget are kept by the HTTP side, which answers 429 without asking the engine.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from flotilla_contract.classes import INTERACTIVE, REQUEST_CLASSES
 
+from flotilla_server.engine.adapter_service import AdapterService
 from flotilla_server.engine.config import EngineConfig
 from flotilla_server.engine.core import EngineCore
 from flotilla_server.engine.fair_admission import FairAdmissionPolicy, FairnessConfig
@@ -29,14 +36,16 @@ from flotilla_server.engine.messages import (
     EngineInfo,
     EngineOptions,
     EngineUpdate,
+    LoadAdapter,
     Shutdown,
+    UnloadAdapter,
 )
 from flotilla_server.engine.outputs import StepRecord
 from flotilla_server.model import LoadedModel
 
 log = logging.getLogger(__name__)
 
-Message = AddRequest | AbortRequest | Shutdown
+Message = AddRequest | AbortRequest | LoadAdapter | UnloadAdapter | Shutdown
 GRAMMAR_POLL_S = 0.002  # an idle engine's check on grammars being built
 
 
@@ -72,6 +81,14 @@ class EngineLoop:
         self._steps = 0
         self._record: StepRecord | None = None
         core.add_step_listener(self._on_step)
+        c = core.config
+        self.adapters = AdapterService(
+            core.adapters, core.loaded.config, c.max_lora_rank, runtime_loads=c.lora_runtime_loads,
+            reserved=(options.served_model_name or core.loaded.name,), flag_names=[name for name, _ in c.loras],
+            list_file=core.lora_list,
+            listed=core.lora_listed)
+        self._lora_info: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+        self._lora_info_s = time.time()
 
     def info(self, pid: int) -> EngineInfo:
         loaded = self.core.loaded
@@ -82,7 +99,8 @@ class EngineLoop:
             description=loaded.description, is_demonstration=loaded.is_demonstration, pid=pid,
             weight_bytes=loaded.model.weight_bytes(), quantization=loaded.model.quantization(),
             dtype=str(loaded.model.compute_dtype).removeprefix("torch."),
-            adapters=tuple(self.core.adapters.adapters) if self.core.adapters is not None else (),
+            adapters=tuple(self.core.adapters.served) if self.core.adapters is not None else (),
+            max_loras=self.core.adapters.slots.max_loras if self.core.adapters is not None else 0,
         )
 
     def _on_step(self, record: StepRecord) -> None:
@@ -96,8 +114,12 @@ class EngineLoop:
             rid = message.request_id
             why = next((w for p in message.prompts
                         if (w := self.core.check_feasible(len(p), message.params.max_tokens, message.params.n))), None)
-            if why is None:
-                why = self.core.unknown_adapter(message.params)
+            if why is None and message.params.lora is not None:
+                key = self.core.adapters.key_of(message.params.lora) if self.core.adapters is not None else None
+                if key is None:
+                    why = self.core.not_served(message.params.lora)
+                else:
+                    message = replace(message, params=replace(message.params, lora=key))
             if why is None and (rid in self._waiting or rid in self._building):
                 why = f"request id {rid!r} is already in use"
             if why is None and message.params.is_batch:
@@ -108,6 +130,10 @@ class EngineLoop:
                 self._enqueue(message)
             else:  # queued once its grammar is built, on the grammar threads: no step waits for it
                 self._building[rid] = message
+        elif isinstance(message, LoadAdapter):
+            self.adapters.load(message)
+        elif isinstance(message, UnloadAdapter):
+            self.adapters.unload(message)
         elif isinstance(message, AbortRequest):
             waiter = self._waiting.pop(message.request_id, None)
             if waiter is not None:
@@ -156,8 +182,9 @@ class EngineLoop:
 
     def idle_wait_s(self) -> float | None:
         """How long to wait for a message when there is no work: until one comes, or a short poll while a
-        grammar builds (its request then joins the queue)."""
-        return GRAMMAR_POLL_S if self._building else None
+        grammar builds (its request then joins the queue) or an adapter is read, or the list file's next check."""
+        waits = [w for w in (GRAMMAR_POLL_S if self._building else None, self.adapters.idle_wait_s()) if w is not None]
+        return min(waits, default=None)
 
     def turn(self, wait_for_message: Callable[[float], bool]) -> EngineUpdate | None:
         """Admit whoever fits, run one step if anything runs; None if nothing changed."""
@@ -181,13 +208,45 @@ class EngineLoop:
             self._steps += 1
             after = (lambda: hook(index, wait_for_message)) if hook is not None else None
             outputs = self.core.step(after_schedule=after)
-        if not (admitted or outputs or self._record or self._dirty):
+        replies = self.adapters.turn()
+        self._dirty |= self.adapters.changed  # every HTTP process hears of the adapters served now
+        self.adapters.changed = False
+        keys = self._adapter_keys() if self.core.adapters is not None else None
+        if keys is not None:
+            self._dirty |= bool(self.core.adapters.release(keys[0] | keys[1]))  # type: ignore[union-attr]
+        if not (admitted or outputs or self._record or self._dirty or replies):
             return None
-        update = EngineUpdate(replace(self.core.stats(), queued_by_class=dict(self._queued_by_class)), admitted,
-                              self._refused, outputs, self._record)
+        stats = replace(self.core.stats(), queued_by_class=dict(self._queued_by_class), **self._lora_stats(keys))
+        update = EngineUpdate(stats, admitted, self._refused, outputs, self._record, replies)
         self._refused = []
         self._dirty = False
         return update
+
+    # --- adapters ---------------------------------------------------------------------------------
+
+    def _adapter_keys(self) -> tuple[set[str], set[str]]:
+        """The adapter keys of sequences running, and of those waiting in the engine or in this loop's queue."""
+        scheduler = self.core.scheduler
+        running = {s.params.lora for s in scheduler.running if s.params.lora is not None}
+        waiting = {s.params.lora for s in scheduler.waiting if s.params.lora is not None}
+        waiting |= {r.params.lora for r in (*(w.request for w in self._waiting.values()), *self._building.values())
+                    if r.params.lora is not None}
+        return running, waiting
+
+    def _lora_stats(self, keys: tuple[set[str], set[str]] | None) -> dict:
+        """The adapters running and waiting, by name, and when either set last changed (vllm:lora_requests_info)."""
+        cache = self.core.adapters
+        if cache is None or keys is None:
+            return {}
+        running, waiting = keys
+        info = (tuple(sorted({cache.names[k] for k in running})), tuple(sorted({cache.names[k] for k in waiting})))
+        if info != self._lora_info:
+            self._lora_info, self._lora_info_s = info, time.time()
+        return {"adapters_running": info[0], "adapters_waiting": info[1], "adapters_changed_s": self._lora_info_s}
+
+    def close(self) -> None:
+        self.adapters.close()
+        self.core.close()
 
 
 def serve_inbox(loop: EngineLoop, inbox: Inbox, send: Callable[[EngineUpdate], None]) -> None:
@@ -197,7 +256,7 @@ def serve_inbox(loop: EngineLoop, inbox: Inbox, send: Callable[[EngineUpdate], N
             while True:
                 message = inbox.get()
                 if isinstance(message, Shutdown):
-                    loop.core.close()
+                    loop.close()
                     return
                 loop.apply(message)
                 if not inbox.wait(0):

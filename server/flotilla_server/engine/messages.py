@@ -1,8 +1,8 @@
 """What crosses between the HTTP side and the engine loop, in either mode: small picklable dataclasses.
 
 The engine loop is the one writer of the scheduler, the pool and the sequences; the HTTP side only sends
-`AddRequest` and `AbortRequest` and reads `EngineUpdate`s, so no lock crosses the boundary
-(docs/architecture.md, "Engine"). Torch-free, so the HTTP side can import it.
+`AddRequest`, `AbortRequest`, `LoadAdapter` and `UnloadAdapter` and reads `EngineUpdate`s, so no lock crosses
+the boundary (docs/architecture.md, "Engine"). Torch-free, so the HTTP side can import it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,12 @@ class EngineStartError(RuntimeError):
     """The engine could not start; the message says what to change."""
 
 
+# A request refused because its adapter is not served (unloaded after the HTTP side checked its name): its
+# refusal starts so, and its stream ends with this abort reason, answered as the 404 of an unknown model
+NOT_SERVED_PREFIX = "the LoRA adapter "
+ADAPTER_NOT_SERVED = "adapter_not_served"
+
+
 @dataclass(frozen=True)
 class AddRequest:
     request_id: str
@@ -41,6 +47,34 @@ class AddRequest:
 @dataclass(frozen=True)
 class AbortRequest:
     request_id: str
+
+
+@dataclass(frozen=True)
+class LoadAdapter:
+    """POST /v1/load_lora_adapter, its path already allowed (http/lora_paths.py): answered by an AdapterReply
+    with the same call_id once the adapter is read, or at once (engine/adapter_requests.py)."""
+
+    call_id: str
+    name: str
+    source: str  # the adapter directory's real path
+
+
+@dataclass(frozen=True)
+class UnloadAdapter:
+    """POST /v1/unload_lora_adapter: answered at once; requests already in the engine finish."""
+
+    call_id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class AdapterReply:
+    """The answer to a LoadAdapter or UnloadAdapter: an HTTP status and what to tell the caller."""
+
+    call_id: str
+    status: int  # 200, or 400, 403, 404, 409
+    message: str
+    param: str | None = None  # the request field the refusal is about
 
 
 @dataclass(frozen=True)
@@ -68,6 +102,7 @@ class EngineOptions:
     tenant_weights: tuple[tuple[str, float], ...] = ()
     tenant_max_running: int | None = None
     tenant_fairness: bool = False  # on when tenant weights or caps are configured; else FIFO within a class
+    served_model_name: str | None = None  # the name clients send for the base model: no adapter may take it
     step_hook: StepHook | None = None  # tests only
 
 
@@ -88,7 +123,8 @@ class EngineInfo:
     weight_bytes: int = 0  # every byte of weights held, packed copies included (DecoderModel.weight_bytes)
     quantization: str = "none"  # how they are held: none, or gguf: and the block types (DecoderModel.quantization)
     dtype: str = "float32"  # the activations' and KV cache's (flags.DTYPES): `--dtype auto` chosen
-    adapters: tuple[str, ...] = ()  # the LoRA adapters served on the model (--lora names), in flag order
+    adapters: tuple[str, ...] = ()  # the LoRA adapters served at start (--lora, then the list file), in order
+    max_loras: int = 0  # adapter slots; 0: this engine serves no adapters (no --lora, list file or --lora-dir)
 
 
 @dataclass(frozen=True)
@@ -107,3 +143,4 @@ class EngineUpdate:
     refused: list[tuple[str, str]] = field(default_factory=list)  # (request_id, why)
     outputs: list[RequestOutput] = field(default_factory=list)
     record: StepRecord | None = None  # set when the turn ran a step
+    adapter_replies: list[AdapterReply] = field(default_factory=list)  # answers to LoadAdapter, UnloadAdapter

@@ -90,6 +90,13 @@ class EngineStats:
     adapters_resident: tuple[str, ...] = ()
     adapter_loads: int = 0
     adapter_evictions: int = 0
+    adapter_load_seconds: float = 0.0  # the copies into slots, summed
+    adapters_served: tuple[str, ...] = ()  # names a request may send as `model` now (loads and unloads applied)
+    # the adapters of sequences running, and of those waiting (in the engine or its admission queue), and the
+    # wall-clock time (s since the epoch) either set last changed: vllm:lora_requests_info
+    adapters_running: tuple[str, ...] = ()
+    adapters_waiting: tuple[str, ...] = ()
+    adapters_changed_s: float = 0.0
 
 
 StepListener = Callable[[StepRecord], None]  # told of every step, on the engine thread

@@ -11,8 +11,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 _TYPES = {
     400: "invalid_request_error",
+    403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    409: "conflict_error",
     413: "invalid_request_error",
     429: "rate_limit_error",
     499: "client_closed_request",

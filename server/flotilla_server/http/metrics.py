@@ -19,8 +19,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
-from flotilla_server.engine.outputs import StepRecord
+from flotilla_server.engine.outputs import EngineStats, StepRecord
 from flotilla_server.http.class_metrics import ClassMetrics
+from flotilla_server.http.lora_metrics import LoraMetrics
 
 disable_created_metrics()  # `*_created` series double the exposition and no dashboard or alert reads them
 
@@ -176,6 +177,15 @@ class ServerMetrics:
             self.rejections.labels(model, reason)
         self.prompt_tokens.labels(model)
         self.generation_tokens.labels(model)
+        self.lora: LoraMetrics | None = None  # the adapter series, on a server that serves adapters
+
+    def serve_adapters(self, stats: Callable[[], EngineStats], max_loras: int) -> None:
+        registries = [self.registry] if self.exposition is self.registry else [self.registry, self.exposition]
+        self.lora = LoraMetrics(registries, self.model, stats, max_loras)
+
+    def count_adapter_request(self, adapter: str) -> None:
+        if self.lora is not None:
+            self.lora.count_request(adapter)
 
     def count_request(self, code: int) -> None:
         self.requests.labels(self.model, str(code)).inc()

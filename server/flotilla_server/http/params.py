@@ -63,6 +63,7 @@ def check_model(state: ServerState, model: str) -> str | None:
     if model == state.served_model_name:
         return None
     if model in state.adapters:
+        state.metrics.count_adapter_request(model)
         return model
     adapters = f" and the LoRA adapters {', '.join(map(repr, state.adapters))}" if state.adapters else ""
     raise APIError(404, f"The model {model!r} does not exist here: this server serves "

@@ -50,6 +50,9 @@ def abort_message(reason: str | None) -> tuple[str, str]:
     if reason == "slow_client":
         return ("The client read the stream too slowly and its buffer filled: the request was cancelled. "
                 "Read the stream as it arrives."), "slow_client"
+    if reason == "adapter_not_served":  # unloaded between the name's check and the engine (messages.py)
+        return ("The LoRA adapter this request names was unloaded before the request started: send it to a model "
+                "this server serves (see GET /v1/models)."), "model_not_found"
     if reason == "engine_error":  # its process died or its loop failed (a multi-model server reloads the model)
         return ("The engine serving this model stopped before this request finished (its process died or "
                 "failed): retry the request."), "engine_error"

@@ -51,7 +51,8 @@ async def json_body(request: Request, state: ServerState, job: Job, stream: Requ
     timing.done()
     if last is None or not choices.done:
         message, code = abort_message(last.abort_reason if last is not None else None)
-        status = 503 if code == "draining" else 500  # as a stream cut by the drain timeout is counted
+        # 503 as a stream cut by the drain timeout is counted; 404 for an adapter unloaded before it started
+        status = {"draining": 503, "model_not_found": 404}.get(code, 500)
         outcome.finish(status, None)
         headers = dict(DRAINING_HEADERS) if code == "draining" else None  # as every draining 503 has
         raise APIError(status, message, code=code, headers=headers, counted=True)

@@ -65,7 +65,7 @@ async def sse_body(state: ServerState, job: Job, stream: RequestStream, outcome:
             if event.finish_reason == "abort":
                 outcome.engine_done = True
                 message, code = abort_message(event.abort_reason)
-                outcome.finish({"slow_client": CLIENT_GONE, "draining": 503}.get(code, 500))
+                outcome.finish({"slow_client": CLIENT_GONE, "draining": 503, "model_not_found": 404}.get(code, 500))
                 yield reply.sse_event(reply.error_chunk(message, code))
                 yield reply.DONE
                 return

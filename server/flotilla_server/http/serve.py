@@ -156,7 +156,7 @@ def build_state(settings: ServerSettings, engine: EngineClient, model: ServedMod
     return ServerState(
         engine=engine, tokenizer=model.tokenizer, served_model_name=model.name, max_model_len=model.max_model_len,
         vocab_size=model.vocab_size, model_description=model.description,
-        model_weight_bytes=model.weight_bytes, model_quantization=model.quantization, adapters=model.adapters,
+        model_weight_bytes=model.weight_bytes, model_quantization=model.quantization, lora_dirs=settings.lora_dirs,
         structured=StructuredSettings.from_flags(settings.grammar_compile_timeout_s, settings.max_grammar_compiles,
                                                  settings.tool_call_parser),
         admission=AdmissionQueue(

@@ -7,6 +7,7 @@ The fields, their defaults and their flags come from one table, flotilla_contrac
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 from flotilla_contract import classes as c
@@ -26,6 +27,8 @@ class ServerSettings:
     load_timeout_s: float = f.DEFAULT_LOAD_TIMEOUT_S
     min_residency_s: float = f.DEFAULT_MIN_RESIDENCY_S
     lora: str | tuple[str, ...] | None = None  # NAME=SOURCE, one or several (docs/serving.md, "LoRA adapters")
+    lora_list_file: str | None = None  # NAME=SOURCE lines, re-read on change (engine/lora_list.py)
+    lora_dir: str | tuple[str, ...] | None = None  # where POST /v1/load_lora_adapter may read; None: API off
     max_loras: int = f.DEFAULT_MAX_LORAS
     max_lora_rank: int = f.DEFAULT_MAX_LORA_RANK
     served_model_name: str | None = None
@@ -142,11 +145,15 @@ class ServerSettings:
             raise ValueError(f"--max-loras must be >= 1, got {self.max_loras}")
         if not 1 <= self.max_lora_rank <= f.MAX_LORA_RANK_CAP:
             raise ValueError(f"--max-lora-rank must be in 1..{f.MAX_LORA_RANK_CAP}, got {self.max_lora_rank}")
-        if self.lora_specs and self.multi_model:
-            raise ValueError("--lora serves adapters on one model; multi-model mode does not serve adapters yet: "
-                             "drop --lora or serve one model")
-        if self.lora_specs and self.cuda_graphs == "on":
-            raise ValueError("--cuda-graphs on does not serve --lora adapters yet (a captured step cannot follow "
+        for directory in self.lora_dirs:
+            if not os.path.isdir(directory):
+                raise ValueError(f"--lora-dir {directory!r} is not a directory: give a directory that holds PEFT "
+                                 "adapter directories")
+        if self.serves_adapters and self.multi_model:
+            raise ValueError("--lora, --lora-list-file and --lora-dir serve adapters on one model; multi-model mode "
+                             "does not serve adapters yet: drop them or serve one model")
+        if self.serves_adapters and self.cuda_graphs == "on":
+            raise ValueError("--cuda-graphs on does not serve LoRA adapters yet (a captured step cannot follow "
                              "each row's adapter): set --cuda-graphs off or auto")
         if self.multi_model and self.served_model_name is not None:
             raise ValueError("--served-model-name is for one model; in multi-model mode name each model as "
@@ -176,6 +183,16 @@ class ServerSettings:
         return tuple(specs)
 
     @property
+    def lora_dirs(self) -> tuple[str, ...]:
+        """Each --lora-dir as given (http/lora_paths.py resolves them when a load asks)."""
+        return () if self.lora_dir is None else (self.lora_dir,) if isinstance(self.lora_dir, str) else self.lora_dir
+
+    @property
+    def serves_adapters(self) -> bool:
+        """Adapters may be served: given at start, listed in a file, or loadable at run time."""
+        return bool(self.lora_specs or self.lora_list_file or self.lora_dirs)
+
+    @property
     def multi_model(self) -> bool:
         """Multi-model mode: a model list file, or any --model given as NAME=SOURCE."""
         return self.model_list_file is not None or any("=" in m for m in self.models)
@@ -185,7 +202,7 @@ class ServerSettings:
         """--cuda-graphs auto: on for one model on a GPU (docs/benchmarks.md, "On a GPU": 7.5-7.7x the tokens/s at
         batch 1); off in multi-model mode, whose --memory-budget does not count the graphs' memory."""
         if self.cuda_graphs == "auto":  # and not with adapters: a captured step cannot follow each row's adapter
-            return self.device.startswith("cuda") and not self.multi_model and not self.lora_specs
+            return self.device.startswith("cuda") and not self.multi_model and not self.serves_adapters
         return self.cuda_graphs == "on"
 
     @property
@@ -245,7 +262,7 @@ class ServerSettings:
             measure_threads=measure_threads and not self.multi_model and self.device == "cpu",
             log_level=self.log_level, class_weights=tuple(self.class_weight_map.items()),
             tenant_weights=tuple(self.tenant_weight_map.items()), tenant_max_running=self.tenant_max_running,
-            tenant_fairness=self.tenant_fairness,
+            tenant_fairness=self.tenant_fairness, served_model_name=self.served_model_name,
         )
 
     def engine_config(self) -> EngineConfig:
@@ -263,4 +280,5 @@ class ServerSettings:
             batch_prefill_tokens=self.batch_prefill_tokens, batch_share_slots=self.batch_share_slots,
             small_step_threads=self.small_step_threads, cuda_graphs=self.uses_cuda_graphs,
             loras=self.lora_specs, max_loras=self.max_loras, max_lora_rank=self.max_lora_rank,
+            lora_list_file=self.lora_list_file, lora_runtime_loads=bool(self.lora_dirs),
         )

@@ -57,7 +57,7 @@ class ServerState:
     model_description: str = ""  # shown in /v1/models; says "DEMONSTRATION model" for tiny
     model_weight_bytes: int = 0  # shown in /v1/models and as a gauge
     model_quantization: str = "none"
-    adapters: tuple[str, ...] = ()  # LoRA adapter names a request may send as `model` (--lora)
+    lora_dirs: tuple[str, ...] = ()  # where POST /v1/load_lora_adapter may read (--lora-dir); none: the API is off
     metrics: ServerMetrics = field(init=False)
     created_s: int = field(default_factory=lambda: int(time.time()))
     draining: bool = False
@@ -78,9 +78,18 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.metrics = ServerMetrics(self.served_model_name, self.snapshot)
+        info = getattr(self.engine, "info", None)
+        if info is not None and info.max_loras:
+            self.metrics.serve_adapters(self.engine.stats, info.max_loras)
         self.grammars = Grammars(self.structured, self.tokenizer, self.vocab_size, self.metrics)  # type: ignore[arg-type]
         slots = self.engine.stats().num_slots if self.front_slots is None else self.front_slots
         self.door_limit = self.admission.depth + slots
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """LoRA adapter names a request may send as `model` now: the engine's after its last turn, so that a
+        load or unload through any HTTP process shows in all (http/routes/adapters.py)."""
+        return self.engine.stats().adapters_served
 
     @property
     def queue_capacity(self) -> int:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from flotilla_server.http.routes import chat, completions, docs_page, health, load, models
+from flotilla_server.http.routes import adapters, chat, completions, docs_page, health, load, models
 
 
 def include_routers(app: FastAPI) -> None:
-    for module in (completions, chat, models, health, load, docs_page):
+    for module in (completions, chat, models, adapters, health, load, docs_page):
         app.include_router(module.router)
