@@ -7,8 +7,13 @@ refuses a whole file that breaks it, so a file can never mean more than its writ
 
 Rules:
 - a line is blank, a comment (`#` first, after any indent), or exactly one entry: NAME, `=`, SOURCE, with
-  optional spaces around each, then optionally ` quantization=VALUE` (one of flags.QUANTIZATIONS: how that
-  model's weights are held, over the server's `--quantization`); any other field is refused, never ignored;
+  optional spaces around each, then optional fields, each at most once, in any order: ` quantization=VALUE`
+  (one of flags.QUANTIZATIONS: how that model's weights are held, over the server's `--quantization`) and
+  ` base=BASE` (the line is a LoRA adapter served on the model BASE); any other field is refused, never ignored;
+- an adapter line (`base=`) takes no quantization (its factors follow its base's dtype), its SOURCE is the
+  absolute path of a PEFT adapter directory, and its BASE is the NAME of a model line of the same file (not
+  an adapter's, not its own);
+- a name is given once in a file: a second line with it is refused, an adapter with a model's name too;
 - NAME is what clients send as `model`: a letter or digit, then letters, digits and `. _ : / -`, 128 at most;
 - SOURCE is `tiny` (the built-in model) or an absolute path (a Hugging Face directory or a `.gguf` file),
   without whitespace or control characters; `--model NAME=SOURCE` also takes a relative path, as single-model
@@ -50,7 +55,7 @@ def source_problem(source: str, *, relative_ok: bool = False) -> str | None:
     if any(c.isspace() for c in source):
         first, extra = source.split(None, 1)
         return (f"{extra!r} follows source {first!r}: an entry is NAME=SOURCE, then at most quantization=VALUE, "
-                "and a source has no whitespace (a comment goes on a line of its own)")
+                "or base=BASE for an adapter, and a source has no whitespace (a comment goes on a line of its own)")
     if source in BUILTIN_SOURCES or source.startswith("/") or relative_ok:
         return None
     return (f"source {source!r} is neither {' nor '.join(repr(s) for s in BUILTIN_SOURCES)} nor an absolute path; "
@@ -63,53 +68,114 @@ def quantization_problem(quantization: str | None) -> str | None:
     return f"quantization {quantization!r} is not one of {', '.join(QUANTIZATIONS)}"
 
 
-def entry_problem(name: str, source: str, quantization: str | None = None) -> str | None:
+def adapter_problem(name: str, source: str, quantization: str | None, base: str, *,
+                    relative_ok: bool = False) -> str | None:
+    """What keeps an adapter line's own fields (`base=` given) from being served, or None."""
+    if quantization is not None:
+        return (f"adapter {name!r} (base={base}) has quantization={quantization}: an adapter's factors follow its "
+                "base's dtype; drop quantization= from the adapter's line")
+    if base == name:
+        return f"adapter {name!r} names itself as its base: base= names a model line of the file"
+    if source in BUILTIN_SOURCES or not (source.startswith("/") or relative_ok):
+        return (f"adapter {name!r}: source {source!r} is not a PEFT adapter directory's absolute path; give the "
+                "directory that holds adapter_config.json and adapter_model.safetensors, from /")
+    problem = name_problem(base)
+    return None if problem is None else f"base {problem.removeprefix('model ')}"
+
+
+def entry_problem(name: str, source: str, quantization: str | None = None, base: str | None = None) -> str | None:
     """What keeps an entry from being a line of a model list file, or None: what the writer checks."""
-    return name_problem(name) or source_problem(source) or quantization_problem(quantization)
+    return (name_problem(name) or source_problem(source) or quantization_problem(quantization)
+            or (None if base is None else adapter_problem(name, source, quantization, base)))
 
 
 @dataclass(frozen=True)
 class ListEntry:
     name: str  # what clients send as `model`
-    source: str  # 'tiny', a Hugging Face directory or a .gguf file
+    source: str  # 'tiny', a Hugging Face directory or a .gguf file; an adapter's: a PEFT adapter directory
     quantization: str | None = None  # None: the server's --quantization
+    base: str | None = None  # an adapter's model (another line's NAME); None: this line is a model
 
     def line(self) -> str:
-        return f"{self.name}={self.source}" + (f" quantization={self.quantization}" if self.quantization else "")
+        return (f"{self.name}={self.source}" + (f" quantization={self.quantization}" if self.quantization else "")
+                + (f" base={self.base}" if self.base else ""))
+
+
+_FIELDS = ("quantization", "base")
 
 
 def parse_entry(text: str, where: str, *, relative_ok: bool = False) -> ListEntry:
-    """`NAME=SOURCE [quantization=VALUE]` → ListEntry; ValueError naming `where` and what to write instead."""
+    """`NAME=SOURCE [quantization=VALUE] [base=BASE]` → ListEntry; ValueError naming `where` and what to write
+    instead. Fields are peeled from the line's end, each once: whatever is left must be a source."""
     name, sep, rest = text.strip().partition("=")
     name, rest = name.strip(), rest.strip()
     if not sep or not name or not rest:
         raise ValueError(f"{where}: {text.strip()!r} is not NAME=SOURCE (both required); {_EXAMPLE}")
-    source, quantization = rest, None
-    head, _, tail = rest.rpartition(" ")
-    if head and tail.startswith("quantization="):
-        source, quantization = head.strip(), tail.removeprefix("quantization=")
-    problem = name_problem(name) or source_problem(source, relative_ok=relative_ok) or quantization_problem(quantization)
+    fields: dict[str, str] = {}
+    while True:
+        head, _, tail = rest.rpartition(" ")
+        key, eq, value = tail.partition("=")
+        if not head.strip() or not eq or key not in _FIELDS or key in fields or not value:
+            break
+        fields[key], rest = value, head.strip()
+    source, quantization, base = rest, fields.get("quantization"), fields.get("base")
+    problem = (name_problem(name) or source_problem(source, relative_ok=relative_ok)
+               or quantization_problem(quantization)
+               or (None if base is None else adapter_problem(name, source, quantization, base, relative_ok=relative_ok)))
     if problem is not None:
         raise ValueError(f"{where}: {problem}")
-    return ListEntry(name, source, quantization)
+    return ListEntry(name, source, quantization, base)
+
+
+def list_problem(entries: list[ListEntry], wheres: list[str]) -> str | None:
+    """What the lines of one file break together (each entry being good alone), naming the line, or None:
+    a name given twice, an adapter whose base is no model line of the file, or is an adapter."""
+    first: dict[str, int] = {}
+    for i, entry in enumerate(entries):
+        if entry.name in first:
+            seen = entries[first[entry.name]]
+            said = seen.line().partition("=")[2], entry.line().partition("=")[2]
+            kinds = {seen.base is None, entry.base is None}
+            what = "an adapter has a model's name" if kinds == {True, False} else "give each name once"
+            return (f"{wheres[i]}: {entry.name!r} is given twice, as {said[0]!r} and {said[1]!r} (first on "
+                    f"{wheres[first[entry.name]]}): {what}")
+        first[entry.name] = i
+    for i, entry in enumerate(entries):
+        if entry.base is None:
+            continue
+        if entry.base not in first:
+            return (f"{wheres[i]}: adapter {entry.name!r} names base {entry.base!r}, which no line lists: base= "
+                    "names a model line of the same file")
+        base = entries[first[entry.base]]
+        if base.base is not None:
+            return (f"{wheres[i]}: adapter {entry.name!r} names base {entry.base!r}, which is itself an adapter "
+                    f"({wheres[first[entry.base]]}): base= names a model, never an adapter")
+    return None
 
 
 def parse_model_list(text: str, where: str) -> list[ListEntry]:
     """Every entry of a model list file, in order; ValueError naming the first bad line."""
-    entries = []
+    entries, wheres = [], []
     for number, line in enumerate(text.splitlines(), start=1):
         if line.strip() and not line.lstrip().startswith("#"):
-            entries.append(parse_entry(line, f"{where} line {number}"))
+            wheres.append(f"{where} line {number}")
+            entries.append(parse_entry(line, wheres[-1]))
+    problem = list_problem(entries, wheres)
+    if problem is not None:
+        raise ValueError(problem)
     return entries
 
 
 def format_model_list(entries: list[ListEntry]) -> str:
     """The file for `entries`, one line each; ValueError for an entry the server would refuse (a writer checks
-    `entry_problem` first)."""
+    `entry_problem` first) or lines it would refuse together (`list_problem`)."""
     lines = []
     for entry in entries:
-        problem = entry_problem(entry.name, entry.source, entry.quantization)
+        problem = entry_problem(entry.name, entry.source, entry.quantization, entry.base)
         if problem is not None:
             raise ValueError(problem)
         lines.append(entry.line() + "\n")
+    problem = list_problem(entries, [f"entry {i + 1}" for i in range(len(entries))])
+    if problem is not None:
+        raise ValueError(problem)
     return "".join(lines)

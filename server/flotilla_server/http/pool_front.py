@@ -5,6 +5,9 @@ A lane is exactly a single-model server's app and state (admission queue, door, 
 metrics) over one loaded model's engine, so a request to a resident model takes the same path as on a
 single-model server; only the wait for a load is added in front of it. Waiting for a load never blocks
 the event loop: loads run on the cache's worker (docs/serving.md, "Multi-model mode").
+
+A request naming a LoRA adapter goes to its base's lane (the cache's `base_of`), loading the base as any
+request for a cold model does; the lane serves the adapter as a single-model server serves its --lora ones.
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ import contextlib
 import json
 import logging
 import threading
+import uuid
 from dataclasses import dataclass
 from functools import partial
 
 from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
 
+from flotilla_server.engine.messages import LoadAdapter, UnloadAdapter
 from flotilla_server.http.app import create_app, start_serving, stop_serving
 from flotilla_server.http.door import DRAINING, GENERATION_PATHS
 from flotilla_server.http.errors import error_body
@@ -155,6 +160,14 @@ class PoolFront:
 
         loop.call_soon_threadsafe(lambda: loop.create_task(drop()))
 
+    def adapters_changed(self, name: str, handle: ModelEngine, unloads: tuple[str, ...],
+                         loads: tuple[tuple[str, str], ...]) -> None:
+        """Cache hook, on the load worker: the model list changed a loaded model's adapters; its engine is told
+        on the loop (engine/adapter_service.py reads a loaded adapter on a thread of its own), without waiting."""
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            asyncio.run_coroutine_threadsafe(_change_adapters(name, handle, unloads, loads), loop)
+
     # --- ASGI -----------------------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -195,10 +208,11 @@ class PoolFront:
     async def _generate(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             body = await self._read_body(receive)
-            name = _model_of(body)
+            model = _model_of(body)
         except FrontRefusal as e:
             await _refuse(send, e)
             return
+        name = self.cache.base_of(model) or model  # an adapter is served by its base's engine
         try:
             handle = await self._acquire_while_connected(name, receive)
         except FrontRefusal as e:
@@ -272,6 +286,22 @@ class PoolFront:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
+
+
+async def _change_adapters(name: str, handle: ModelEngine, unloads: tuple[str, ...],
+                           loads: tuple[tuple[str, str], ...]) -> None:
+    """Unloads first (an adapter whose source changed is read again), then loads; a refusal is logged, and the
+    adapter's requests get the lane's 404 until the list changes it again."""
+    for adapter in unloads:
+        reply = await handle.engine.adapter_call(UnloadAdapter(uuid.uuid4().hex, adapter))
+        if reply.status not in (200, 404):
+            log.error("model %s: adapter %s was not unloaded: %s", name, adapter, reply.message)
+    for adapter, source in loads:
+        reply = await handle.engine.adapter_call(LoadAdapter(uuid.uuid4().hex, adapter, source))
+        if reply.status == 200:
+            log.info("model %s: adapter %s loaded from %s", name, adapter, source)
+        else:
+            log.error("model %s: adapter %s (%s) is not served: %s", name, adapter, source, reply.message)
 
 
 def _model_of(body: bytes) -> str:

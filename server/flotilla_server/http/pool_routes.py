@@ -24,9 +24,12 @@ def create_pool_app(front: PoolFront) -> FastAPI:
 
     @app.get("/v1/models")
     async def list_models() -> dict:
-        """Every model this server can serve, with its state: loaded, loading or available (loads on first use)."""
+        """Every model this server can serve, with its state: loaded, loading or available (loads on first use);
+        then each LoRA adapter once, with its base model as `parent` (as vLLM lists them) and the base's state."""
         cards = []
+        states = {}
         for status in front.cache.status():
+            states[status.name] = status.state
             card = {"id": status.name, "object": "model", "created": created_s, "owned_by": "flotilla",
                     "state": status.state, "memory_bytes": status.memory_bytes or status.footprint_bytes}
             lane = front.lanes.get(status.name)
@@ -37,6 +40,9 @@ def create_pool_app(front: PoolFront) -> FastAPI:
                 if lane.state.model_description:
                     card["description"] = lane.state.model_description
             cards.append(card)
+        for adapter, base in front.cache.adapters():
+            cards.append({"id": adapter, "object": "model", "created": created_s, "owned_by": "flotilla",
+                          "parent": base, "root": adapter, "state": states.get(base, "available")})
         return {"object": "list", "data": cards}
 
     @app.get(LOAD_PATH, response_model=ServerLoad)

@@ -150,8 +150,10 @@ class ServerSettings:
                 raise ValueError(f"--lora-dir {directory!r} is not a directory: give a directory that holds PEFT "
                                  "adapter directories")
         if self.serves_adapters and self.multi_model:
-            raise ValueError("--lora, --lora-list-file and --lora-dir serve adapters on one model; multi-model mode "
-                             "does not serve adapters yet: drop them or serve one model")
+            raise ValueError("--lora, --lora-list-file and --lora-dir serve adapters on one model; in multi-model mode "
+                             "each adapter is a line of the model list file (or a --model flag), NAME=SOURCE "
+                             "base=BASE: drop them and list the adapters there (--max-loras and --max-lora-rank "
+                             "apply to every base)")
         if self.serves_adapters and self.cuda_graphs == "on":
             raise ValueError("--cuda-graphs on does not serve LoRA adapters yet (a captured step cannot follow "
                              "each row's adapter): set --cuda-graphs off or auto")

@@ -7,6 +7,11 @@ it in the new model's own process, niced and on one thread, so resident models k
 itself is not niced: it holds the GIL of the HTTP side now and then. What to evict is `policy.decide_load`'s
 answer, never decided here (docs/architecture.md, "Model cache"). Engines are started and stopped only
 through `engines.Engines`; an engine that dies by itself sends its model back to `available`.
+
+LoRA adapters ride on their base (specs.fold): the base's footprint counts them, its load starts its engine
+with them, and a request naming an adapter acquires the base (`base_of`). When the list changes a loaded
+base's adapters, the change goes to its engine (`hooks.adapters_changed`: the HTTP side sends the engine's
+LoadAdapter and UnloadAdapter); a base loaded without adapters has no slots, so it is reloaded once idle.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ class _Entry:
     users: int = 0  # requests holding the model or waiting for its load
     waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = field(default_factory=list)
     listed: bool = True  # still in the flags or the list file
+    served_adapters: dict[str, str] = field(default_factory=dict)  # what its engine was given: name -> source
+    reload_when_idle: bool = False  # listed adapters its engine has no slots for: unload it once idle
 
 
 class ModelCache:
@@ -64,6 +71,7 @@ class ModelCache:
         self._clock = clock
         self._cond = threading.Condition()
         self._entries: dict[str, _Entry] = {}
+        self._adapter_bases: dict[str, str] = {}  # a listed adapter -> its base model
         self._pending: list[str] = []  # loads asked for, oldest first
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -76,31 +84,64 @@ class ModelCache:
     def _set_specs(self, specs: tuple[ModelSpec, ...]) -> list[Skipped]:
         """Register new names, forget unlisted idle ones; returns those whose source cannot be read."""
         wanted = {s.name: s for s in specs}
-        with self._cond:
-            new = [s for s in specs if (e := self._entries.get(s.name)) is None or (e.spec != s and e.state == AVAILABLE)]
+        with self._cond:  # new or changed while unloaded, or only its adapters changed (any state: no reload)
+            new = [s for s in specs if (e := self._entries.get(s.name)) is None or (e.spec != s and e.state == AVAILABLE)
+                   or (e.spec != s and e.spec.weights == s.weights)]
         footprints, skipped = {}, []
         for spec in new:  # outside the lock: a GGUF's metadata takes a tenth of a second to read
             try:
-                footprints[spec.name] = self.engines.footprint_bytes(spec.source, spec.quantization)
+                footprints[spec.name] = self.engines.footprint_bytes(spec.source, spec.quantization, spec.adapters)
             except (ValueError, OSError) as e:  # this entry is not served; the others are
                 skipped.append(Skipped(spec.name, spec.source, str(e)))
-        refused = {s.name for s in skipped}
+        # a refused new source unlists the old one; a refused adapter keeps its base as it was
+        refused = {s.name for s in skipped
+                   if (e := self._entries.get(s.name)) is None or e.spec.weights != wanted[s.name].weights}
+        adapters_changed = []
         with self._cond:
             for name, spec in wanted.items():
                 entry = self._entries.get(name)
                 if entry is not None and entry.spec == spec:
                     entry.listed = True
+                elif entry is not None and entry.spec.weights == spec.weights:
+                    entry.listed = True
+                    if name in footprints:
+                        entry.spec, entry.footprint_bytes = spec, footprints[name]
+                        adapters_changed.append(name)
                 elif entry is not None and entry.state != AVAILABLE:
                     log.warning("model %s: source changed to %s; it is used after its unload", name, spec.source)
                 elif name in footprints:
                     self._entries[name] = _Entry(spec, footprints[name])
             for name, entry in list(self._entries.items()):
-                if name not in wanted or name in refused:  # a refused new source unlists the old one
+                if name not in wanted or name in refused:
                     entry.listed = False
                     if entry.state == AVAILABLE and entry.users == 0:
                         del self._entries[name]
+            self._adapter_bases = {adapter: name for name, e in self._entries.items() if e.listed
+                                   for adapter, _ in e.spec.adapters}
             self._cond.notify_all()
+        for name in adapters_changed:
+            self._sync_adapters(name)
         return skipped
+
+    def _sync_adapters(self, name: str) -> None:
+        """Bring a loaded model's engine to its listed adapters: unloads and loads through the hook, or, for
+        an engine started without adapter slots, a reload once idle. A loading model is synced once loaded."""
+        with self._cond:
+            entry = self._entries.get(name)
+            if entry is None or entry.state != LOADED or entry.handle is None:
+                return
+            handle, want, have = entry.handle, dict(entry.spec.adapters), entry.served_adapters
+            if want and not handle.adapter_slots:
+                entry.reload_when_idle = True
+                self._cond.notify_all()
+                return
+            unloads = tuple(n for n, source in have.items() if want.get(n) != source)
+            loads = tuple((n, source) for n, source in want.items() if have.get(n) != source)
+            entry.served_adapters = want
+        if unloads or loads:
+            log.info("model %s: adapters %s unloaded, %s loaded (the model list changed)", name,
+                     ", ".join(unloads) or "none", ", ".join(n for n, _ in loads) or "none")
+            self.hooks.adapters_changed(name, handle, unloads, loads)
 
     def _refresh_list(self, force: bool = False) -> None:
         specs = self._members.poll(self._clock(), force)
@@ -114,6 +155,16 @@ class ModelCache:
     def list_status(self) -> ListStatus | None:
         """The model list file's state (None without one): refused versions, skipped entries."""
         return self._members.status()
+
+    def base_of(self, name: str) -> str | None:
+        """The base model of a listed LoRA adapter; None for any other name."""
+        with self._cond:
+            return self._adapter_bases.get(name)
+
+    def adapters(self) -> list[tuple[str, str]]:
+        """Every listed adapter as (name, its base), in list order."""
+        with self._cond:
+            return list(self._adapter_bases.items())
 
     def skipped_reason(self, name: str) -> str | None:
         """Why a listed model is not served (its source cannot be read), or None."""
@@ -261,10 +312,13 @@ class ModelCache:
         return name, (), d.retry_after_s if d.retry_after_s is not None else 0.0
 
     def _take_unlisted(self) -> list[str]:
-        """Under the lock: loaded models gone from the list and idle, marked for unloading."""
-        names = [n for n, e in self._entries.items() if not e.listed and e.state == LOADED and e.users == 0]
+        """Under the lock: loaded models gone from the list, or waiting to reload with adapters, and idle,
+        marked for unloading."""
+        names = [n for n, e in self._entries.items()
+                 if (not e.listed or e.reload_when_idle) and e.state == LOADED and e.users == 0]
         for name in names:
             self._entries[name].state = AVAILABLE
+            self._entries[name].reload_when_idle = False
         return names
 
     def _evict(self, name: str) -> None:
@@ -286,7 +340,9 @@ class ModelCache:
         log.info("loading model %s from %s", name, entry.spec.source)
         start_s = time.monotonic()
         try:
-            handle = self.engines.load(name, entry.spec.source, self._models_at_once(), entry.spec.quantization)
+            adapters = entry.spec.adapters
+            handle = self.engines.load(name, entry.spec.source, self._models_at_once(), entry.spec.quantization,
+                                       adapters)
         except Exception as e:  # a broken model must fail its requests, never the worker
             log.exception("model %s failed to load", name)
             with self._cond:
@@ -299,6 +355,7 @@ class ModelCache:
                  handle.engine.pid)
         with self._cond:
             entry.handle, entry.state = handle, LOADED
+            entry.served_adapters = dict(adapters)
             entry.loaded_at_s = self._clock()
             waiters, entry.waiters = entry.waiters, []
             self._cond.notify_all()
@@ -307,6 +364,7 @@ class ModelCache:
             self._engine_died(name, handle, "the engine stopped right after its start")
         for loop, future in waiters:
             loop.call_soon_threadsafe(_resolve, future, handle, None)
+        self._sync_adapters(name)  # the list may have changed its adapters during the load
 
     def _engine_died(self, name: str, handle: ModelEngine, what: str) -> None:
         """Death listener (the dead engine's reader thread). Its requests have already failed (engine_error);

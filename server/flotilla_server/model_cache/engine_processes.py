@@ -32,6 +32,7 @@ from flotilla_server.model.source import (
     resolve_quantization,
     source_config,
 )
+from flotilla_server.model_cache.adapter_footprint import adapters_bytes
 from flotilla_server.model_cache.engines import ModelEngine
 from flotilla_server.model_cache.footprint import (
     dense_weight_bytes,
@@ -74,9 +75,11 @@ class EngineProcesses:
     def close(self) -> None:
         """Nothing shared to stop: each unload stopped its engine."""
 
-    def footprint_bytes(self, source: str, quantization: str | None = None) -> int:
+    def footprint_bytes(self, source: str, quantization: str | None = None,
+                        adapters: tuple[tuple[str, str], ...] = ()) -> int:
         """Weights (from the config the loader would read: config.json, or a GGUF's metadata) plus the fixed
-        KV pool; ValueError, saying what to pass, for a source the loader would refuse before its weights."""
+        KV pool, plus with `adapters` their slots and host copies (adapter_footprint.py); ValueError, saying
+        what to pass, for a source the loader would refuse before its weights, or an unreadable adapter."""
         c = self.config
         model = source_config(source)
         held = resolve_quantization(source, quantization or c.quantization)
@@ -92,16 +95,21 @@ class EngineProcesses:
             weights = fp8_weight_bytes(model, dtype)
         else:
             weights = dense_weight_bytes(model, dtype, c.device)
-        return model_bytes(model, weights, dtype, c.block_size, c.num_kv_blocks, c.kv_cache_memory_bytes or 0)
+        return (model_bytes(model, weights, dtype, c.block_size, c.num_kv_blocks, c.kv_cache_memory_bytes or 0)
+                + adapters_bytes(model, adapters, c.max_loras, c.max_lora_rank, dtype))
 
-    def load(self, name: str, source: str, models_at_once: int = 1, quantization: str | None = None) -> ModelEngine:
+    def load(self, name: str, source: str, models_at_once: int = 1, quantization: str | None = None,
+             adapters: tuple[tuple[str, str], ...] = ()) -> ModelEngine:
+        """Start the model's engine; with `adapters`, it serves them (read at its start, a bad one refuses the
+        load) and takes more at run time (LoadAdapter), in --max-loras slots."""
         from flotilla_server.engine.client import EngineStartError
         from flotilla_server.engine.factory import make_engine
 
         model_config = source_config(source)  # ValueError on an unusable source, before a process starts
         share = engine_threads(self.cpu_threads, models_at_once)
         config = replace(self.config, model=source, quantization=quantization or self.config.quantization,
-                         small_step_threads=small_step_threads(share, self.config.small_step_threads))
+                         small_step_threads=small_step_threads(share, self.config.small_step_threads),
+                         loras=adapters, lora_runtime_loads=bool(adapters))
         if self.mode == "process":
             options = replace(self.options, load_nice=LOAD_NICE, load_threads=LOAD_THREADS, num_threads=share)
             engine = make_engine(config, "process", options, start_method="forkserver")
@@ -112,11 +120,12 @@ class EngineProcesses:
         except EngineStartError as e:
             raise ValueError(str(e)) from None
         kv = info.num_kv_blocks * kv_block_bytes(model_config, info.block_size, info.dtype)
+        lora = adapters_bytes(model_config, adapters, config.max_loras, config.max_lora_rank, info.dtype)
         return ModelEngine(name=name, source=source, engine=engine, tokenizer=info.tokenizer,
                            vocab_size=info.vocab_size, max_model_len=info.max_model_len,
-                           memory_bytes=info.weight_bytes + kv, description=info.description,
+                           memory_bytes=info.weight_bytes + kv + lora, description=info.description,
                            is_demonstration=info.is_demonstration, weight_bytes=info.weight_bytes,
-                           quantization=info.quantization)
+                           quantization=info.quantization, adapter_slots=info.max_loras)
 
     def unload(self, handle: ModelEngine) -> None:
         handle.engine.shutdown()  # process mode: the process exits and its memory goes with it

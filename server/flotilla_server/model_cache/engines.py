@@ -24,21 +24,26 @@ class ModelEngine:
     tokenizer: Any  # flotilla_server.model.tokenizer.Tokenizer
     vocab_size: int
     max_model_len: int
-    memory_bytes: int  # weights and KV pool, as measured once loaded
+    memory_bytes: int  # weights, KV pool and adapters (slots, host copies of those it started with), once loaded
     description: str = ""
     weight_bytes: int = 0  # the weights' share of memory_bytes
     quantization: str = "none"  # how the weights are held (engine/messages.EngineInfo)
     is_demonstration: bool = False
+    adapter_slots: int = 0  # LoRA slots (--max-loras); 0: started without adapters, it takes none at run time
 
 
 class Engines(Protocol):
-    def footprint_bytes(self, source: str, quantization: str | None = None) -> int:
+    def footprint_bytes(self, source: str, quantization: str | None = None,
+                        adapters: tuple[tuple[str, str], ...] = ()) -> int:
         """Memory the model will hold once loaded, before loading it; ValueError if the source is unusable.
-        `quantization`: how its weights are held (flags.QUANTIZATIONS); None: the engines' default."""
+        `quantization`: how its weights are held (flags.QUANTIZATIONS); None: the engines' default.
+        `adapters`: its LoRA adapters, (name, PEFT directory), whose slots and host copies count too."""
 
-    def load(self, name: str, source: str, models_at_once: int = 1, quantization: str | None = None) -> ModelEngine:
-        """Load and start; runs on the cache's load worker, never on the event loop. `models_at_once`: how
-        many models the budget can hold together (threads.most_resident), which share the CPU threads."""
+    def load(self, name: str, source: str, models_at_once: int = 1, quantization: str | None = None,
+             adapters: tuple[tuple[str, str], ...] = ()) -> ModelEngine:
+        """Load and start, serving `adapters`; runs on the cache's load worker, never on the event loop.
+        `models_at_once`: how many models the budget can hold together (threads.most_resident), which share
+        the CPU threads."""
 
     def unload(self, handle: ModelEngine) -> None:
         """Stop the engine and free its memory; the caller has dropped every other reference to it."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from flotilla_server.model_cache.specs import ModelListFile, ModelSpec, merge
+from flotilla_server.model_cache.specs import ModelListFile, ModelSpec, fold, merge
 
 log = logging.getLogger("flotilla.model_cache")
 
@@ -63,10 +63,12 @@ class Membership:
         self.skipped: dict[str, Skipped] = {}
         self._checked_s = float("-inf")
         self._retry_s = float("-inf")
-        self.specs = flag_specs  # in force: the flags and the last good list
+        # in force: the flags and the last good list, adapters folded onto their bases (a flag's adapter may
+        # name a base the file lists: folded once the file is read)
+        self.specs = fold(flag_specs) if self._list is None else flag_specs
         if self._list is not None:
             try:
-                self.specs = merge(flag_specs, self._list.read_if_changed() or ())
+                self.specs = fold(merge(flag_specs, self._list.read_if_changed() or ()))
             except OSError as e:
                 raise ValueError(f"--model-list-file {self._list.path} cannot be read ({e.strerror or e}); give "
                                  "the path of a file of NAME=SOURCE lines") from None
@@ -95,7 +97,7 @@ class Membership:
         try:
             listed = self._list.read_if_changed()
             if listed is not None:
-                specs = self.specs = merge(self.flag_specs, listed)
+                specs = self.specs = fold(merge(self.flag_specs, listed))
                 self.last_error = None
                 log.info("model list %s: %s", self._list.path, ", ".join(s.name for s in listed) or "(empty)")
         except (OSError, ValueError) as e:

@@ -4,12 +4,16 @@ A pool's membership arrives as a mounted ConfigMap file, which the kubelet rewri
 joins or leaves, so the file is re-read whenever it changes and adding a member restarts nothing
 (docs/serving.md, "Multi-model mode"). Parsing is pure and strict (flotilla_contract.model_list, the grammar
 the operator writes); `ModelListFile` only reads and compares stamps.
+
+A LoRA adapter line (`NAME=SOURCE base=BASE`) is no model of its own: `fold` hangs it on its base's spec, so
+the cache loads, accounts and evicts the base with its adapters, and an adapter's request acquires its base
+(docs/serving.md, "LoRA adapters").
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from flotilla_contract.model_list import ListEntry, parse_entry, parse_model_list
 
@@ -19,10 +23,34 @@ class ModelSpec:
     name: str  # what clients send as `model`
     source: str  # 'tiny', a Hugging Face directory or a .gguf file
     quantization: str | None = None  # how its weights are held; None: the server's --quantization
+    base: str | None = None  # an adapter line's model; `fold` moves it into that model's `adapters`
+    adapters: tuple[tuple[str, str], ...] = ()  # a model's LoRA adapters, (name, PEFT directory), in list order
+
+    @property
+    def weights(self) -> tuple[str, str | None]:
+        """What a load reads: a spec that changes only its adapters changes no weights (no reload)."""
+        return self.source, self.quantization
 
 
 def _spec(entry: ListEntry) -> ModelSpec:
-    return ModelSpec(entry.name, entry.source, entry.quantization)
+    return ModelSpec(entry.name, entry.source, entry.quantization, entry.base)
+
+
+def fold(specs: tuple[ModelSpec, ...]) -> tuple[ModelSpec, ...]:
+    """The models, each with its adapters (the adapter specs whose base it is), in order; ValueError for an
+    adapter whose base is not a model here (the file's own lines are checked by the contract, naming the line;
+    this is for adapters and bases given apart, by --model flags and the file)."""
+    models = {s.name: s for s in specs if s.base is None}
+    adapters: dict[str, list[tuple[str, str]]] = {name: [] for name in models}
+    for spec in specs:
+        if spec.base is None:
+            continue
+        if spec.base not in models:
+            kind = "an adapter" if any(s.name == spec.base for s in specs) else "not a model given"
+            raise ValueError(f"adapter {spec.name!r} names base {spec.base!r}, which is {kind}: base= names a model "
+                             "given by --model or the model list file")
+        adapters[spec.base].append((spec.name, spec.source))
+    return tuple(replace(m, adapters=m.adapters + tuple(adapters[m.name])) for m in models.values())
 
 
 def parse_spec(text: str, where: str = "--model") -> ModelSpec:
@@ -32,7 +60,8 @@ def parse_spec(text: str, where: str = "--model") -> ModelSpec:
 
 
 def parse_list(text: str, where: str) -> tuple[ModelSpec, ...]:
-    """A model list file, strictly (flotilla_contract.model_list): a bad line refuses the whole file."""
+    """A model list file, strictly (flotilla_contract.model_list): a bad line refuses the whole file. Adapter
+    lines stay specs of their own (with `base`) until `fold`."""
     return merge([_spec(entry) for entry in parse_model_list(text, where)])
 
 
@@ -49,7 +78,7 @@ def merge(*groups: list[ModelSpec] | tuple[ModelSpec, ...]) -> tuple[ModelSpec, 
 
 
 def _said(spec: ModelSpec) -> str:
-    return ListEntry(spec.name, spec.source, spec.quantization).line().partition("=")[2]
+    return ListEntry(spec.name, spec.source, spec.quantization, spec.base).line().partition("=")[2]
 
 
 class ModelListFile:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 AVAILABLE, LOADING, LOADED = "available", "loading", "loaded"
 
@@ -45,3 +46,6 @@ class CacheHooks:
     load_seconds: Callable[[float], None] = lambda s: None
     evicted: Callable[[str], None] = lambda name: None
     engine_died: Callable[[str], None] = lambda name: None  # on the engine's thread; the model is available again
+    # a loaded model's listed adapters changed: (model, its engine, names to unload, (name, source) to load)
+    adapters_changed: Callable[[str, Any, tuple[str, ...], tuple[tuple[str, str], ...]], None] = \
+        lambda name, handle, unloads, loads: None
