@@ -19,10 +19,10 @@ Rules:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from flotilla_contract.changed_file import ChangedFile
 from flotilla_contract.model_list import name_problem
 
 LIST_POLL_S = 1.0  # how often the file's stamp is checked (model_cache/membership.py's LIST_POLL_S)
@@ -79,22 +79,17 @@ def plan_changes(owned: Mapping[str, str], listed: Mapping[str, str]) -> ListCha
 
 
 class LoraListFile:
-    """The file, re-read when its modification time, size or inode changes."""
+    """The file, re-read when it changes (flotilla_contract.changed_file)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._stamp: tuple[int, int, int] | None = None
+        self._file = ChangedFile(path)
 
     def read_if_changed(self) -> ListedAdapters | None:
         """The file's adapters if it changed since the last call (always on the first), else None; OSError
         when it cannot be read (a version that failed is read again only once it changes)."""
-        st = os.stat(self.path)  # follows a ConfigMap's ..data symlink, so a swapped directory shows
-        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-        if stamp == self._stamp:
-            return None
-        self._stamp = stamp
-        with open(self.path, encoding="utf-8") as fh:
-            return parse_lora_list(fh.read(), f"--lora-list-file {self.path}")
+        text = self._file.read_if_changed()
+        return None if text is None else parse_lora_list(text, f"--lora-list-file {self.path}")
 
 
 def read_at_start(path: str | None, flag_names: tuple[str, ...]) -> tuple[LoraListFile | None, dict[str, str]]:

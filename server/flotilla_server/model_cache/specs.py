@@ -12,9 +12,9 @@ the cache loads, accounts and evicts the base with its adapters, and an adapter'
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 
+from flotilla_contract.changed_file import ChangedFile
 from flotilla_contract.model_list import ListEntry, parse_entry, parse_model_list
 
 
@@ -82,20 +82,15 @@ def _said(spec: ModelSpec) -> str:
 
 
 class ModelListFile:
-    """A model list file, re-read when its modification time, size or inode changes."""
+    """A model list file, re-read when it changes (flotilla_contract.changed_file)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._stamp: tuple[int, int, int] | None = None
+        self._file = ChangedFile(path)
 
     def read_if_changed(self) -> tuple[ModelSpec, ...] | None:
         """The file's specs if it changed since the last call (always on the first), else None.
         Raises OSError or ValueError when it cannot be read or parsed; a version refused once is not read
         again until it changes."""
-        st = os.stat(self.path)  # follows the ConfigMap's ..data symlink, so a swapped directory shows
-        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-        if stamp == self._stamp:
-            return None
-        self._stamp = stamp
-        with open(self.path, encoding="utf-8") as fh:
-            return parse_list(fh.read(), self.path)
+        text = self._file.read_if_changed()
+        return None if text is None else parse_list(text, self.path)

@@ -3,10 +3,26 @@
 
 from __future__ import annotations
 
-from flotilla_server.model.quant_blocks import force_isa
+from collections.abc import Callable, Iterable
+
+import torch
+from flotilla_server.model.quant_blocks import force_isa, quant_matmul
 
 ISAS = ("scalar", "avx2", "avx512", "avx512_vnni")
 
 
 def available_isas() -> list[str]:
     return sorted({force_isa(name) for name in ISAS}, key=ISAS.index)
+
+
+def assert_rows_independent(types: Iterable[int], blocks_of: Callable[[int], torch.Tensor], k: int) -> None:
+    """On every instruction set, each slice of 7 rows of x gives the rows' results alone: rows go in tiles,
+    and a row's sums are the same whatever tile (and whatever other rows) it is in."""
+    for qtype in types:
+        blocks = blocks_of(qtype)
+        x = torch.randn(7, k)
+        for isa in available_isas():
+            force_isa(isa)
+            y = quant_matmul(x, blocks, qtype)
+            for start, end in ((0, 1), (2, 3), (1, 7), (3, 5), (6, 7)):
+                assert torch.equal(quant_matmul(x[start:end], blocks, qtype), y[start:end]), (qtype, isa, start, end)
