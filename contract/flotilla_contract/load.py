@@ -1,7 +1,9 @@
 """The light load report each server publishes at LOAD_PATH, polled by the gateway several times a second.
 
 It carries what routing needs and nothing else: queue and slot figures, KV usage, whether the server takes
-new work, and the state of each model it can serve (one for a dedicated server, several in a pool).
+new work, the state of each model it can serve (one for a dedicated server, several in a pool), and its LoRA
+adapters: which it serves, which sit in slots, how many slots are free, and which it refused. Every field
+added since the first version has a default, so a gateway reads an older server's report as one without them.
 """
 
 from __future__ import annotations
@@ -28,6 +30,28 @@ class ModelLoad(BaseModel):
     running: int = Field(0, ge=0, description="Requests of this model holding a slot.")
     last_used_s: float | None = Field(None, description="Seconds since this model last served a request.")
     memory_bytes: int | None = Field(None, ge=0, description="Bytes this model holds (weights and KV pool).")
+    max_loras: int = Field(0, ge=0, description="This model's adapter slots while it is loaded; 0: none.")
+    adapter_slots_free: int = Field(0, ge=0, description=(
+        "Of those, slots not pinned by a running or waiting sequence: an adapter loaded now evicts no pinned one."))
+
+
+class AdapterServed(BaseModel):
+    """A LoRA adapter a request may name as `model` on this server."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    base: str = Field(description="The model it runs on: the served model, or in a pool its list line's base=.")
+
+
+class AdapterRefused(BaseModel):
+    """An adapter the server was asked to serve and does not: a bad line of --lora-list-file, or an adapter
+    that failed to load (the server tries it again); an operator turns these into a Degraded condition."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(description="The adapter's name as listed ('' when the line gives none).")
+    error: str = Field(description="Why, naming the file and line or the adapter, and what to change.")
 
 
 class SkippedModel(BaseModel):
@@ -67,3 +91,12 @@ class ServerLoad(BaseModel):
     prefix_keys: list[str] = Field(default_factory=list, description=(
         "Prefix keys (PREFIX_KEY_HEADER values of recent requests) whose prompt blocks the prefix cache holds now, "
         "most recent first."))
+    adapters: list[AdapterServed] = Field(default_factory=list, description=(
+        "LoRA adapters a request may name as `model` now, each once, with its base."))
+    adapters_resident: list[str] = Field(default_factory=list, description="Adapters in a slot now.")
+    max_loras: int = Field(0, ge=0, description=(
+        "Adapter slots (--max-loras; in a pool, summed over loaded models). 0: the server serves no adapters."))
+    adapter_slots_free: int = Field(0, ge=0, description=(
+        "Adapter slots not pinned by a running or waiting sequence (summed like max_loras)."))
+    adapters_refused: list[AdapterRefused] = Field(default_factory=list, description=(
+        "Adapters listed and not served: a refused line or a failed load, each with its error."))

@@ -1,7 +1,9 @@
 """The gateway's HTTP surface and the request path: read, authenticate, look up, hold or route, relay.
 
 Each step is a module of its own (body_guard, keys, route_map, hold_policy, activator, routing, proxy);
-this one wires them into a Starlette app, with probes, /metrics and GET /v1/models.
+this one wires them into a Starlette app, with probes, /metrics and GET /v1/models. A `model` that names no
+model but a LoRA adapter the fleet serves (adapter_index.py, from the load reports) routes to its model's
+pods by adapter_routing.py.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from starlette.routing import Route
 
 from flotilla_gateway.access_log import log_request
 from flotilla_gateway.activator import Activator, refusal
+from flotilla_gateway.adapter_index import adapter_bases, model_cards
 from flotilla_gateway.body_guard import read_body
 from flotilla_gateway.errors import GatewayError, error_response
 from flotilla_gateway.hold_policy import admit, wakes_again
@@ -79,6 +82,7 @@ class Gateway:
         self.waker = Waker(kube, self.metrics)
         self.proxy: Proxy | None = None
         self.session: aiohttp.ClientSession | None = None
+        self.adapters: dict[str, str] = {}  # adapter name → its model's name (adapter_index.adapter_bases)
         if settings.keys is not None:
             self.metrics.keys_loaded_at.set(settings.keys.loaded_at_s)
 
@@ -140,7 +144,11 @@ class Gateway:
     def _pods(self) -> set[str]:
         return {p for route in self.routes.values() for p in route.pods}
 
+    def _learn_adapters(self) -> None:
+        self.adapters = adapter_bases(self.routes, self.board.reported_adapters(), self.adapters)
+
     def _on_routes(self) -> None:
+        self._learn_adapters()
         for route in self.routes.values():
             self.metrics.known(route)
             if wakes_again(route, self.activator.held(route)):
@@ -148,6 +156,7 @@ class Gateway:
         self.activator.pump()
 
     def _on_load(self) -> None:
+        self._learn_adapters()
         for route in self.routes.values():
             for view in self.board.views(route.pods):
                 for figure, value in (("in_flight", view.in_flight), ("waiting", view.waiting),
@@ -162,7 +171,7 @@ class Gateway:
     async def generate(self, request: Request) -> Response:
         started = time.monotonic()
         endpoint = ENDPOINTS[request.url.path]
-        model, namespace, tenant, held_s = "", "", NO_TENANT, 0.0
+        model, namespace, tenant, held_s, base = "", "", NO_TENANT, 0.0, None
         outcome = Outcome()
         try:
             raw, body = await read_body(request, self.settings.max_body_bytes)
@@ -176,6 +185,8 @@ class Gateway:
                 tenant = request.headers.get(TENANT_HEADER) or NO_TENANT
             route = await self._route(model)
             namespace = route.namespace
+            adapter = model if route.name != model else None
+            base = route.name if adapter is not None else None
             admission = admit(route, self.activator.held(route), self.activator.draining)
             if admission.action == "refuse":
                 raise refusal(admission)
@@ -187,7 +198,7 @@ class Gateway:
                     held_s = await self.activator.hold(route, gone)
                 finally:
                     gone.cancel()
-                route = self.routes.get(model, route)
+                route = self.routes.get(route.name, route)
             headers = _upstream_headers(request, tenant_of_key, self.settings.upstream_api_key)
             if tenant_of_key is not None and ("cache_salt" in body or self.settings.salt_by_tenant):
                 body["cache_salt"] = tenant_of_key.name  # one tenant cannot probe another's prefix cache
@@ -197,11 +208,13 @@ class Gateway:
             key = routing_key(model, endpoint, body)
 
             def done() -> None:
-                self._finish(request, model, namespace, tenant, outcome.status, started, held_s, outcome)
+                self._finish(request, model, namespace, tenant, outcome.status, started, held_s, outcome, base=base)
 
-            return await self.proxy.forward(route, request.url.path, raw, headers, key, policy, outcome, done)
+            return await self.proxy.forward(route, request.url.path, raw, headers, key, policy, outcome, done,
+                                            adapter)
         except GatewayError as error:
-            self._finish(request, model, namespace, tenant, error.status, started, held_s, outcome, error.code)
+            self._finish(request, model, namespace, tenant, error.status, started, held_s, outcome, error.code,
+                         base)
             return error.response()
 
     async def _route(self, model: str) -> ModelRoute:
@@ -213,6 +226,8 @@ class Gateway:
                 raise GatewayError(503, "The gateway has not yet listed the fleet from the Kubernetes API: "
                                         "retry shortly.", code="starting", headers={"Retry-After": "1"}) from None
         route = self.routes.get(model)
+        if route is None and model in self.adapters:
+            route = self.routes.get(self.adapters[model])  # a LoRA adapter: its model's route
         if route is None:
             served = ", ".join(repr(n) for n in sorted(self.routes)) or "no model yet"
             raise GatewayError(404, f"The model {model!r} does not exist here: this gateway serves {served} "
@@ -220,10 +235,11 @@ class Gateway:
         return route
 
     def _finish(self, request: Request, model: str, namespace: str, tenant: str, status: int, started: float,
-                held_s: float, outcome: Outcome, code: str | None = None) -> None:
+                held_s: float, outcome: Outcome, code: str | None = None, base: str | None = None) -> None:
+        """`base`: the model of the adapter `model` names, when it names one."""
         route_label = request.url.path
-        self.metrics.count(model, namespace, status, route_label, tenant)
-        log_request(method=request.method, path=route_label, status=status, model=model,
+        self.metrics.count(self.metrics.model_label(model, base), namespace, status, route_label, tenant)
+        log_request(method=request.method, path=route_label, status=status, model=model, base=base,
                     model_namespace=namespace, tenant=tenant, pod=outcome.pod or None, attempts=outcome.attempts,
                     held_s=round(held_s, 4), first_byte_s=outcome.first_byte_s and round(outcome.first_byte_s, 4),
                     duration_s=round(time.monotonic() - started, 4), code=code,
@@ -232,12 +248,8 @@ class Gateway:
     # -- the other endpoints --------------------------------------------------------------------------
 
     async def models(self, _: Request) -> Response:
-        data = [{"id": r.name, "object": "model", "owned_by": "flotilla", "namespace": r.namespace,
-                 "ready_replicas": len(r.pods), "replicas": r.replicas, **({"pool": r.pool} if r.pool else {}),
-                 "status": "degraded" if r.degraded else ("ready" if r.pods else "scaled_to_zero"
-                                                          if r.replicas == 0 else "starting")}
-                for r in sorted(self.routes.values(), key=lambda r: r.name)]
-        return JSONResponse({"object": "list", "data": data})
+        """Every model of the route map and every adapter the pods report, each once (adapters with `parent`)."""
+        return JSONResponse({"object": "list", "data": model_cards(self.routes, self.adapters)})
 
     async def healthz(self, _: Request) -> Response:
         return JSONResponse({"status": "ok"})

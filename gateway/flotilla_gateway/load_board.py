@@ -5,7 +5,12 @@ never read, or read too long ago, counts as saturated in routing (routing.STALE_
 Which pods hold a prefix comes from the same reports (their `prefix_keys`), and, for SENT_GRACE_S after
 this gateway sends a key somewhere, from that send: a prompt's blocks reach the cache only once its prefill
 is done, and the requests that follow it meanwhile should follow it there. The keys sent to each pod within
-SENT_GRACE_S are its active prefixes, which cold keys are spread by."""
+SENT_GRACE_S are its active prefixes, which cold keys are spread by.
+
+Adapters likewise (adapter_routing.py): a pod holds an adapter when its report lists it resident, or for
+SENT_GRACE_S after this gateway sent it a request for it (the copy into a slot happens at admission); its
+free adapter slots are its report's (for a pool pod, those of the adapter's base, when loaded there); an
+adapter's load is this gateway's count of its requests in flight."""
 
 from __future__ import annotations
 
@@ -33,6 +38,8 @@ class LoadBoard:
         self.cached_keys: dict[str, frozenset[str]] = {}  # address → its report's prefix_keys
         self._sent: dict[str, tuple[str, float]] = {}  # prefix key → (address last sent to, monotonic time)
         self._recent: dict[str, set[str]] = {}  # address → the keys last sent there, within the grace
+        self.adapter_in_flight: dict[str, int] = {}  # adapter → requests this gateway sent and not finished
+        self._adapter_sent: dict[tuple[str, str], float] = {}  # (adapter, address) → monotonic time last sent
         self._task: asyncio.Task[None] | None = None
 
     def note_sent(self, key: str, address: str) -> None:
@@ -50,8 +57,50 @@ class LoadBoard:
             found.add(sent[0])
         return frozenset(found)
 
+    # -- adapters ------------------------------------------------------------------------------------
+
+    def adapter_sent(self, adapter: str, address: str) -> None:
+        self._adapter_sent[(adapter, address)] = time.monotonic()
+        self.adapter_in_flight[adapter] = self.adapter_in_flight.get(adapter, 0) + 1
+
+    def adapter_done(self, adapter: str) -> None:
+        left = self.adapter_in_flight.get(adapter, 1) - 1
+        if left > 0:
+            self.adapter_in_flight[adapter] = left
+        else:
+            self.adapter_in_flight.pop(adapter, None)
+
+    def adapter_holders(self, adapter: str) -> frozenset[str]:
+        """The pods holding `adapter` in a slot: by their reports, or sent it within SENT_GRACE_S."""
+        now = time.monotonic()
+        found = {a for a, (report, _) in self.reports.items() if adapter in report.adapters_resident}
+        found |= {a for (name, a), at in self._adapter_sent.items() if name == adapter and now - at <= SENT_GRACE_S}
+        return frozenset(found)
+
+    def adapter_servers(self, addresses: Iterable[str], adapter: str) -> list[str]:
+        """Of `addresses`, those whose report lists `adapter` as served."""
+        return [a for a in addresses if (r := self.reports.get(a)) is not None
+                and any(s.name == adapter for s in r[0].adapters)]
+
+    def adapter_free_slots(self, addresses: Iterable[str], base: str) -> dict[str, int]:
+        """Each pod's free adapter slots for an adapter of `base` (a pool pod: its row for `base`)."""
+        free: dict[str, int] = {}
+        for address in addresses:
+            report = self.reports.get(address)
+            if report is None:
+                continue
+            row = next((m for m in report[0].models if m.name == base), None)
+            free[address] = row.adapter_slots_free if row is not None and row.max_loras else \
+                report[0].adapter_slots_free if len(report[0].models) <= 1 else 0
+        return free
+
+    def reported_adapters(self) -> dict[str, list[tuple[str, str]]]:
+        """Address → (adapter, base) of every adapter its report serves (adapter_index.adapter_bases' input)."""
+        return {a: [(s.name, s.base) for s in report.adapters] for a, (report, _) in self.reports.items()}
+
     def _forget_old_sends(self) -> None:
         now = time.monotonic()
+        self._adapter_sent = {k: at for k, at in self._adapter_sent.items() if now - at <= SENT_GRACE_S}
         self._sent = {k: sent for k, sent in self._sent.items() if now - sent[1] <= SENT_GRACE_S}
         self._recent = {a: {k for k in keys if k in self._sent} for a, keys in self._recent.items()}
 

@@ -1,7 +1,11 @@
 """The gateway's own Prometheus metrics: requests, held requests, hold time, retries, wakes, routing time,
 residency tiers of pooled models, each pod's load as the gateway sees it, and the keys file's reloads. Every
 model series carries `model` and `model_namespace`; `flotilla_gateway_requests_held` is the autoscaler's
-pending demand (docs/autoscaling.md)."""
+pending demand (docs/autoscaling.md).
+
+A request for a LoRA adapter is counted with the adapter's name as `model` (a name the fleet serves, as a
+model's is), for the first MAX_ADAPTER_LABELS adapters the gateway counts; later ones count under their base
+model's name, so runtime-loaded adapters cannot grow the series without end."""
 
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ KEYS_LOADED_AT = "flotilla_gateway_keys_last_load_timestamp_seconds"
 MODEL = (MODEL_LABEL, MODEL_NAMESPACE_LABEL)
 RETRY_REASONS = ("connect_error", "429", "502", "503", "504")
 HOLD_BUCKETS_S = (0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
+MAX_ADAPTER_LABELS = 64
 ROUTING_BUCKETS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3)
 
 
@@ -58,6 +63,16 @@ class GatewayMetrics:
                                             "running (the last good keys stayed in force).", registry=r)
         self.keys_loaded_at = Gauge(KEYS_LOADED_AT, "Unix time the API keys in force were loaded (0 without "
                                     "keys).", registry=r)
+        self._adapter_labels: set[str] = set()
+
+    def model_label(self, model: str, base: str | None) -> str:
+        """The `model` label of a request naming `model`; `base`: its model when `model` is an adapter."""
+        if base is None or model in self._adapter_labels:
+            return model
+        if len(self._adapter_labels) < MAX_ADAPTER_LABELS:
+            self._adapter_labels.add(model)
+            return model
+        return base
 
     def count(self, model: str, namespace: str, code: int, route: str, tenant: str) -> None:
         self.requests.labels(model, namespace, str(code), route, tenant).inc()

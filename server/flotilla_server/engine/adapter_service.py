@@ -66,6 +66,7 @@ class AdapterService:
         self._next_check_s = clock() + LIST_POLL_S
         self._retry_s = float("inf")  # when listed adapters not served are tried again
         self._failures: dict[str, str] = {}  # name -> the last failure logged for a listed adapter
+        self._line_refusals: tuple[tuple[str, str], ...] = ()  # the file's last version's refused lines: (name, why)
         self.changed = False  # the adapters served changed since the loop last sent its stats (it resets this)
 
     # --- calls (between steps) ------------------------------------------------------------------
@@ -141,9 +142,17 @@ class AdapterService:
             return None
         return max(0.0, self._next_check_s - self._clock())
 
+    def refused(self) -> tuple[tuple[str, str], ...]:
+        """Adapters the list file asks for and that are not served, with why (the load report's
+        adapters_refused): its last version's refused lines, then listed adapters whose load failed (tried
+        again every RETRY_S). A runtime API load that fails is answered to its caller, not kept here."""
+        failed = tuple((n, why) for n, why in self._failures.items() if n in self.listed and n not in self.owned)
+        return self._line_refusals + failed
+
     def turn(self) -> list[AdapterReply]:
         """Adapters whose read ended join the cache (or are refused); the list file is followed. Returns the
         answers due to API calls."""
+        refused_before = self.refused()
         for name, read in list(self._reads.items()):
             if read.future.done():
                 del self._reads[name]
@@ -152,6 +161,8 @@ class AdapterService:
         if self.list_file is not None and now >= self._next_check_s:
             self._next_check_s = now + LIST_POLL_S
             self._follow_list(now)
+        if self.refused() != refused_before:
+            self.changed = True  # the loop sends its stats: the load report shows the refusal
         replies, self._replies = self._replies, []
         return replies
 
@@ -193,9 +204,12 @@ class AdapterService:
         if listed is not None:
             for problem in listed.problems:
                 log.error("%s: the line is skipped", problem)
+            refusals = list(zip(listed.problem_names, listed.problems, strict=True))
             for name in self.flag_names & listed.entries.keys():
-                log.error("--lora-list-file %s lists the adapter %r, which --lora serves: the line is skipped",
-                          self.list_file.path, name)
+                why = f"--lora-list-file {self.list_file.path} lists the adapter {name!r}, which --lora serves"
+                log.error("%s: the line is skipped", why)
+                refusals.append((name, f"{why}: remove its line"))
+            self._line_refusals = tuple(refusals)
             self.listed = {name: source for name, source in listed.entries.items() if name not in self.flag_names}
         if self.cache is None:
             return

@@ -242,7 +242,8 @@ class EngineLoop:
         info = (tuple(sorted({cache.names[k] for k in running})), tuple(sorted({cache.names[k] for k in waiting})))
         if info != self._lora_info:
             self._lora_info, self._lora_info_s = info, time.time()
-        return {"adapters_running": info[0], "adapters_waiting": info[1], "adapters_changed_s": self._lora_info_s}
+        return {"adapters_running": info[0], "adapters_waiting": info[1], "adapters_changed_s": self._lora_info_s,
+                "adapters_refused": self.adapters.refused()}
 
     def close(self) -> None:
         self.adapters.close()

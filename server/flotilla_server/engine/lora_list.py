@@ -35,12 +35,14 @@ class ListedAdapters:
 
     entries: dict[str, str] = field(default_factory=dict)  # name -> source
     problems: tuple[str, ...] = ()
+    problem_names: tuple[str, ...] = ()  # each refused line's NAME, as written ('' when it gives none)
 
 
 def parse_lora_list(text: str, where: str) -> ListedAdapters:
     """Every line of the file, each refused line apart (its message names `where` and the line number)."""
     entries: dict[str, str] = {}
     problems: list[str] = []
+    names: list[str] = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
@@ -50,9 +52,10 @@ def parse_lora_list(text: str, where: str) -> ListedAdapters:
             f"adapter {name!r} is listed twice: give each name once" if name in entries else None)
         if problem is not None:
             problems.append(f"{at}: {problem}")
+            names.append(name)
         else:
             entries[name] = source
-    return ListedAdapters(entries, tuple(problems))
+    return ListedAdapters(entries, tuple(problems), tuple(names))
 
 
 def _line_problem(name: str, sep: str, source: str) -> str | None:

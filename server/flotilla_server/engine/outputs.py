@@ -97,6 +97,8 @@ class EngineStats:
     adapters_running: tuple[str, ...] = ()
     adapters_waiting: tuple[str, ...] = ()
     adapters_changed_s: float = 0.0
+    # adapters the list file asks for and that are not served: (name, why) (engine/adapter_service.py `refused`)
+    adapters_refused: tuple[tuple[str, str], ...] = ()
 
 
 StepListener = Callable[[StepRecord], None]  # told of every step, on the engine thread

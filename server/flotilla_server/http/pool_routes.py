@@ -48,14 +48,16 @@ def create_pool_app(front: PoolFront) -> FastAPI:
     @app.get(LOAD_PATH, response_model=ServerLoad)
     async def load() -> Response:
         """Per model: state, queue, memory and idle time; the memory budget and what is free; the list file's refusals."""
-        rows = []
+        rows, max_loras = [], {}
         for status in front.cache.status():
             lane = front.lanes.get(status.name)
             stats = lane.state.engine.stats() if lane is not None else None
             rows.append((status, stats, len(lane.state.admission) if lane is not None else 0))
+            if lane is not None:
+                max_loras[status.name] = lane.state.max_loras
         report = pool_load(accepting=front.accepting, models=rows, queue_capacity=front.settings.queue_capacity,
                            budget_bytes=front.cache.budget_bytes, used_bytes=front.cache.used_bytes(),
-                           model_list=front.cache.list_status())
+                           model_list=front.cache.list_status(), adapters=front.cache.adapters(), max_loras=max_loras)
         return Response(report.model_dump_json(), media_type="application/json")
 
     @app.get("/healthz")

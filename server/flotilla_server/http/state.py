@@ -92,6 +92,12 @@ class ServerState:
         return self.engine.stats().adapters_served
 
     @property
+    def max_loras(self) -> int:
+        """The engine's adapter slots; 0: it serves no adapters (the load report's max_loras)."""
+        info = getattr(self.engine, "info", None)
+        return int(getattr(info, "max_loras", 0) or 0)
+
+    @property
     def queue_capacity(self) -> int:
         return self.admission.depth if self.shared_queue_capacity is None else self.shared_queue_capacity
 

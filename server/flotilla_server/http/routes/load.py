@@ -17,6 +17,6 @@ async def load(state: State) -> Response:
     """Queue, slots, KV usage and readiness in one small JSON body; ready is false while loading or draining."""
     report = server_load(stats=state.engine.stats(), queued=sum(state.queued_by_class().values()),
                          queue_capacity=state.queue_capacity, accepting=state.accepting,
-                         model_name=state.served_model_name)
+                         model_name=state.served_model_name, max_loras=state.max_loras)
     # serialized here, once: FastAPI would validate the model a second time through response_model
     return Response(report.model_dump_json(), media_type="application/json")
