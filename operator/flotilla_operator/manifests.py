@@ -22,6 +22,7 @@ from flotilla_contract.labels import (
 )
 
 from flotilla_operator import types
+from flotilla_operator.adapters import LIST_KEY, adapter_list_file, render_adapters
 from flotilla_operator.model_source import render_source
 from flotilla_operator.network_policy import build_network_policy
 from flotilla_operator.placement import GPU_RESOURCE, render_placement
@@ -113,13 +114,14 @@ def build_deployment(owner: Owner, default_image: str) -> dict[str, Any]:
     spec = owner.spec
     image = spec.image or default_image
     source = render_source(spec.model.source, image)
+    adapters = render_adapters(spec.adapters, adapters_configmap_name(owner.name))
     placement = render_placement(spec.placement, selector_labels(owner), spec.resources.gpus, spec.resources.gpu_type)
     pod_labels = {**labels(owner, image), MODEL_LABEL: _label_value(spec.model.name)}
     startup_failures = math.ceil(source.startup_budget_s / PROBE_PERIOD_S)
     container = {
         "name": "server",
         "image": image,
-        "args": render_server_args(spec, source.model_arg),
+        "args": render_server_args(spec, source.model_arg, adapters.args),
         "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
         "env": server_env(spec.server),
         "resources": _resources(spec),
@@ -130,11 +132,11 @@ def build_deployment(owner: Owner, default_image: str) -> dict[str, Any]:
             "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
             "capabilities": {"drop": ["ALL"]},
         },
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *source.mounts],
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *source.mounts, *adapters.mounts],
     }
     if spec.resources.gpus > 0:
         container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
-    volumes = [{"name": "tmp", "emptyDir": {}}, *source.volumes]
+    volumes = [{"name": "tmp", "emptyDir": {}}, *source.volumes, *adapters.volumes]
     if spec.resources.gpus > 0:  # NCCL and CUDA IPC need more than the default 64 MiB of /dev/shm
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}})
     pod_spec: dict[str, Any] = {
@@ -149,8 +151,8 @@ def build_deployment(owner: Owner, default_image: str) -> dict[str, Any]:
         "volumes": volumes,
         **placement.pod_spec_fields(),
     }
-    if source.init_containers:
-        pod_spec["initContainers"] = source.init_containers
+    if source.init_containers or adapters.init_containers:
+        pod_spec["initContainers"] = [*source.init_containers, *adapters.init_containers]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -173,6 +175,23 @@ def _label_value(text: str) -> str:
     """A label value: at most 63 of [A-Za-z0-9._-], starting and ending alphanumeric."""
     cleaned = "".join(c if c.isalnum() or c in "._-" else "-" for c in text)[:63]
     return cleaned.strip("._-") or "model"
+
+
+def adapters_configmap_name(owner_name: str) -> str:
+    return f"{owner_name}-adapters"
+
+
+def build_adapters_configmap(owner: Owner, default_image: str) -> dict[str, Any] | None:
+    """The `--lora-list-file` of the model's pods (adapters.py); None without adapters. Its content is never in
+    the pod template, so changing it restarts nothing: the kubelet updates the mounted file in place."""
+    if not owner.spec.adapters:
+        return None
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {**metadata(owner, owner.spec.image or default_image), "name": adapters_configmap_name(owner.name)},
+        "data": {LIST_KEY: adapter_list_file(owner.spec.adapters)},
+    }
 
 
 def build_service(owner: Owner, default_image: str) -> dict[str, Any]:
@@ -216,7 +235,10 @@ def build_service_monitor(owner: Owner, default_image: str) -> dict[str, Any]:
 
 def desired_children(owner: Owner, default_image: str, monitoring: bool) -> list[dict[str, Any]]:
     """Every child that should exist, in apply order (the Service before the pods it fronts)."""
-    children = [build_service(owner, default_image), build_deployment(owner, default_image)]
+    children = [build_service(owner, default_image)]
+    if (adapter_list := build_adapters_configmap(owner, default_image)) is not None:
+        children.append(adapter_list)  # before the pods that mount it
+    children.append(build_deployment(owner, default_image))
     if (pdb := build_pdb(owner, default_image)) is not None:
         children.append(pdb)
     meta = metadata(owner, owner.spec.image or default_image)

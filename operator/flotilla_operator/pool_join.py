@@ -20,8 +20,9 @@ from flotilla_operator.pool_manifests import build_member_service, desired_pool_
 from flotilla_operator.pool_members import POOL_NOT_FOUND, member_source
 from flotilla_operator.status import Problem
 
-# Once joined, the model's own Deployment and PDB are no longer wanted and are deleted.
-JOINED_PRUNABLE_KINDS = (("apps/v1", "Deployment"), ("policy/v1", "PodDisruptionBudget"))
+# Once joined, the model's own Deployment, PDB and adapter list ConfigMap are no longer wanted and are deleted
+# (its adapters are lines of the pool's members file).
+JOINED_PRUNABLE_KINDS = (("apps/v1", "Deployment"), ("policy/v1", "PodDisruptionBudget"), ("v1", "ConfigMap"))
 
 
 async def read_pool(kube: KubeClient, namespace: str, pool_name: str) -> pool_types.ModelPoolSpec | None:

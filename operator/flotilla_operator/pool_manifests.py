@@ -25,6 +25,7 @@ from flotilla_contract.labels import (
 from flotilla_contract.sizes import parse_bytes
 
 from flotilla_operator import pool_types, types
+from flotilla_operator.adapters import claim_volumes
 from flotilla_operator.manifests import (
     DRAIN_MARGIN_S,
     MANAGED_BY,
@@ -38,8 +39,8 @@ from flotilla_operator.manifests import _probe as probe
 from flotilla_operator.manifests import _resources as resources  # reads only .resources, which a pool has too
 from flotilla_operator.model_source import MODELS_DIR
 from flotilla_operator.placement import render_placement
-from flotilla_operator.pool_members import Member, members_file
-from flotilla_operator.server_args import PORT, class_values, flag, server_dtype
+from flotilla_operator.pool_members import Member, adapter_claims, members_file
+from flotilla_operator.server_args import PORT, class_values, flag, lora_values, server_dtype
 from flotilla_operator.server_env import server_env
 
 MEMBERS_DIR = "/etc/flotilla/pool"
@@ -139,6 +140,7 @@ def pool_server_args(spec: pool_types.ModelPoolSpec) -> list[str]:
     if server.quantization is not None:
         values.append(("--quantization", server.quantization))
     values += class_values(server)
+    values += lora_values(server)
     # a member whose files are not on the volume yet is skipped, not fatal: it must not stop the others' pods
     values += [("--model-list-file", f"{MEMBERS_DIR}/{MEMBERS_KEY}"), ("--unreadable-model-at-start", "skip"),
                ("--memory-budget", budget_per_replica_bytes(spec))]
@@ -155,7 +157,10 @@ def build_members_configmap(owner: PoolOwner, found: list[Member], default_image
     }
 
 
-def build_pool_deployment(owner: PoolOwner, default_image: str) -> dict[str, Any]:
+def build_pool_deployment(owner: PoolOwner, default_image: str, claims: list[str] | None = None) -> dict[str, Any]:
+    """The pool's servers; `claims` are the members' adapter claims (pool_members.adapter_claims), each mounted
+    read-only at /adapters/pvc/CLAIM: the one member-dependent part of the pod template, so an adapter on a
+    claim the pool does not mount yet rolls the pool's pods once."""
     spec, image = owner.spec, _image(owner, default_image)
     gpu = spec.resources.gpus > 0
     placement = render_placement(spec.placement, pool_selector(owner.name), spec.resources.gpus, spec.resources.gpu_type)
@@ -166,6 +171,9 @@ def build_pool_deployment(owner: PoolOwner, default_image: str) -> dict[str, Any
     if spec.volume is not None:
         volumes.append({"name": "models", "persistentVolumeClaim": {"claimName": spec.volume.claim_name, "readOnly": True}})
         mounts.append({"name": "models", "mountPath": MODELS_DIR, "readOnly": True})
+    claim_vols, claim_mounts = claim_volumes(claims or [])
+    volumes += claim_vols
+    mounts += claim_mounts
     if gpu:  # NCCL and CUDA IPC need more than the default 64 MiB of /dev/shm
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
@@ -248,7 +256,7 @@ def desired_pool_children(owner: PoolOwner, found: list[Member], default_image: 
                           monitoring: bool = False) -> list[dict[str, Any]]:
     """Every child the pool should have, in apply order (the members file before the pods that mount it)."""
     children = [build_pool_service(owner, default_image), build_members_configmap(owner, found, default_image),
-                build_pool_deployment(owner, default_image)]
+                build_pool_deployment(owner, default_image, adapter_claims(found))]
     if (pdb := build_pool_pdb(owner, default_image)) is not None:
         children.append(pdb)
     if monitoring:

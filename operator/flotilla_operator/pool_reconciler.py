@@ -9,6 +9,7 @@ asks the pool's pods which members they hold (pool_residency), for the pool's an
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 import pydantic
@@ -25,7 +26,7 @@ from flotilla_operator.pool_manifests import (
     pool_deployment_name,
     pool_selector_string,
 )
-from flotilla_operator.pool_members import Member, members
+from flotilla_operator.pool_members import Member, adapter_claims, members
 from flotilla_operator.pool_residency import Residency, read_loads, residency
 from flotilla_operator.reconciler import PAST_TENSE, Context, list_claimants
 from flotilla_operator.served_names import holders, name_conflict
@@ -64,6 +65,22 @@ async def list_members(ctx: Context, namespace: str, pool_name: str, spec: pool_
     return members(models, pool_name, spec)
 
 
+async def drop_missing_adapter_claims(ctx: Context, namespace: str, found: list[Member]
+                                      ) -> tuple[list[Member], list[Problem]]:
+    """The members with the adapters on missing claims left out (mounting a missing claim would keep every new
+    pool pod Pending), and one AdapterClaimNotFound problem naming those claims and adapters."""
+    missing = [claim for claim in adapter_claims(found)
+               if await ctx.kube.get("v1", "persistentvolumeclaims", namespace, claim) is None]
+    if not missing:
+        return found, []
+    dropped = [f"{m.name}/{a.name}" for m in found for a in m.adapters if a.claim in missing]
+    kept = [replace(m, adapters=tuple(a for a in m.adapters if a.claim not in missing)) for m in found]
+    claims = ", ".join(f'"{claim}"' for claim in missing)
+    return kept, [Problem("AdapterClaimNotFound", f"PersistentVolumeClaim {claims} does not exist in namespace "
+                          f'"{namespace}", so adapters {", ".join(dropped)} are not served; create it, or change '
+                          "those adapters' source.pvc.claimName")]
+
+
 async def reconcile_pool(ctx: Context, body: dict[str, Any],
                          logger: logging.Logger | logging.LoggerAdapter) -> tuple[list[Member], Residency]:
     """Bring one ModelPool's children and status to the desired state; returns its members and their residency."""
@@ -86,9 +103,11 @@ async def reconcile_pool(ctx: Context, body: dict[str, Any],
                                                       spec.volume.claim_name) is None:
         problems.append(Problem("ClaimNotFound", f'PersistentVolumeClaim "{spec.volume.claim_name}" does not exist in '
                                 f'namespace "{namespace}"; create it, or change spec.volume.claimName'))
+    found, adapter_problems = await drop_missing_adapter_claims(ctx, namespace, found)
     desired = desired_pool_children(owner, found, ctx.settings.default_image, ctx.monitoring)
     if problems:  # pods that cannot start are not created
         desired = [child for child in desired if child["kind"] != "Deployment"]
+    problems += adapter_problems  # shown, but the pool's pods still start: those adapters are left out
     observed = await observe(ctx.kube, namespace, owner.child_name, desired, PRUNABLE_KINDS)
     outcome = await execute(ctx.kube, plan(desired, observed, uid))
     for action, error in outcome.refused:

@@ -41,7 +41,22 @@ takes only members its pods can load as they are:
 |---|---|
 | `builtin: tiny` | the server itself |
 | `pvc` naming the pool's `spec.volume.claimName` | `/models/PATH` (the claim is mounted read-only at `/models` in every pool pod) |
-| `pvc` of another claim, `huggingface`, `image` | nowhere: the model is `Degraded` with reason `SourceNotPoolable`, and the message says how to copy it onto the pool's volume |
+| `pvc` of another claim, `huggingface`, `image` (or a model with an `image` adapter) | nowhere: the model is `Degraded` with reason `SourceNotPoolable`, and the message says how to copy it onto the pool's volume |
+
+**Adapters.** A member's `spec.adapters` (docs/operator.md, "Adapters") ride with it: each becomes a line
+`ADAPTER=SOURCE base=MODEL` of the members file, after every model line, and the pool's servers serve it on
+that member. A `pvc` adapter on the pool's volume lies at `/models/PATH`: adding or removing one restarts
+nothing. A `pvc` adapter on another claim lies at `/adapters/pvc/CLAIM/PATH`, and the pool's pods mount each such
+claim once, read-only: the first adapter on a claim new to the pool (or the removal of the last one on a claim)
+changes the pool's pod template, one rolling restart of the pool; later adapters on it restart nothing. A
+missing adapter claim leaves those adapters out (the pool's pods still start) and makes the pool `Degraded`
+with reason `AdapterClaimNotFound` naming them. An `image` adapter would need an init container in every pool
+pod, so a model with one does not join: it is `Degraded` with reason `SourceNotPoolable`, as for an image
+model. A `huggingface` adapter is refused by the CRD. An adapter whose name a model line or another member's
+adapter already gives is left out of the file (a name is given once). `server.maxLoras` and
+`server.maxLoraRank` of the pool's spec apply to every member (the servers' slots are the same for every
+base). A member's `status.adapters` and its `AdapterRefused` condition come from the pool pods' load
+reports, read on each pool pass.
 
 A missing pool makes the member `Degraded` with reason `PoolNotFound`; so does deleting a pool, whose
 children go with it: its members serve nowhere until they name another pool or drop `spec.pool` (then each

@@ -17,6 +17,7 @@ import httpx
 import pydantic
 from flotilla_contract.load import LOAD_PATH, ServerLoad
 
+from flotilla_operator.adapter_status import PodAdapters, pods_adapters
 from flotilla_operator.server_args import PORT
 
 LOAD_TIMEOUT_S = 2.0  # the report is light (docs/architecture.md, "Load report"); a slow pod is skipped
@@ -25,6 +26,7 @@ LOAD_TIMEOUT_S = 2.0  # the report is light (docs/architecture.md, "Load report"
 @dataclass(frozen=True)
 class Residency:
     pods_by_model: dict[str, tuple[str, ...]] = field(default_factory=dict)  # only `loaded` counts as holding
+    adapters_by_pod: dict[str, PodAdapters | None] = field(default_factory=dict)  # each pod's adapters (None: no report)
 
     @property
     def resident_count(self) -> int:
@@ -41,7 +43,7 @@ def residency(reports: Mapping[str, ServerLoad | None]) -> Residency:
         for model in (report.models if report is not None else ()):
             if model.state == "loaded":
                 holding.setdefault(model.name, []).append(pod)
-    return Residency({model: tuple(pods) for model, pods in sorted(holding.items())})
+    return Residency({model: tuple(pods) for model, pods in sorted(holding.items())}, pods_adapters(reports))
 
 
 def load_url(pod: dict[str, Any]) -> str | None:

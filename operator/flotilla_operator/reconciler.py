@@ -12,12 +12,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic
 
-from flotilla_operator import metrics, pod_health, rfc3339, types
+from flotilla_operator import adapter_status, metrics, pod_health, rfc3339, types
+from flotilla_operator.adapters import adapter_claims
 from flotilla_operator.apply import execute, observe
 from flotilla_operator.deprecations import deprecations
 from flotilla_operator.events import object_ref, post_event
@@ -32,15 +34,17 @@ from flotilla_operator.manifests import (
 from flotilla_operator.plan import plan
 from flotilla_operator.pool_join import member_children, pool_serving
 from flotilla_operator.pool_members import joins_pool
+from flotilla_operator.pool_residency import read_loads
 from flotilla_operator.served_names import NAME_CONFLICT, holders, name_conflict
 from flotilla_operator.settings import OperatorSettings
 from flotilla_operator.status import Observed, Problem, compute_status, status_changed
 from flotilla_operator.status_writer import write_status as write_model_status
 
-# the children a spec change can make unwanted (cost-first drops the PDB; networkPolicy.enabled: false its policy)
-PRUNABLE_KINDS = (("policy/v1", "PodDisruptionBudget"), ("networking.k8s.io/v1", "NetworkPolicy"))
+# the children a spec change can make unwanted (cost-first drops the PDB; networkPolicy.enabled: false its policy;
+# removing the last adapter the adapter list ConfigMap)
+PRUNABLE_KINDS = (("policy/v1", "PodDisruptionBudget"), ("networking.k8s.io/v1", "NetworkPolicy"), ("v1", "ConfigMap"))
 # Degraded reasons that come from observation, not from the spec: recomputed on every write, never carried
-NOT_PROBLEMS = ("AsExpected", "ReplicasLost", *pod_health.REASONS)
+NOT_PROBLEMS = ("AsExpected", "ReplicasLost", adapter_status.ADAPTER_REFUSED, *pod_health.REASONS)
 PAST_TENSE = {"create": "Created", "update": "Updated", "delete": "Deleted"}
 
 
@@ -78,6 +82,14 @@ async def find_problems(kube: KubeClient, namespace: str, spec: types.InferenceM
             f'PersistentVolumeClaim "{pvc.claim_name}" does not exist in namespace "{namespace}"; '
             "create it, or change spec.model.source.pvc.claimName",
         ))
+    for claim in adapter_claims(spec.adapters):
+        if await kube.get("v1", "persistentvolumeclaims", namespace, claim) is None:
+            users = ", ".join(a.name for a in spec.adapters if a.source.pvc and a.source.pvc.claim_name == claim)
+            problems.append(Problem(
+                "ClaimNotFound",
+                f'PersistentVolumeClaim "{claim}" of adapter {users} does not exist in namespace "{namespace}"; '
+                "create it, or change the adapter's source.pvc.claimName",
+            ))
     return problems
 
 
@@ -151,12 +163,16 @@ def _known_problems(status: dict[str, Any] | None) -> list[Problem]:
 
 async def write_status(ctx: Context, namespace: str, name: str, problems: list[Problem] | None,
                        applied_generation: int | None = None,
-                       resident_pods: list[str] | None = None) -> dict[str, Any] | None:
+                       resident_pods: list[str] | None = None,
+                       adapter_pods: Mapping[str, adapter_status.PodAdapters | None] | None = None,
+                       ) -> dict[str, Any] | None:
     """Recompute and write our status fields; `problems` None keeps the last reconcile's findings.
 
     `applied_generation` is the spec generation just applied; None (a Deployment event) keeps the
     last one recorded, so observedGeneration never claims a spec that was not reconciled yet.
     `resident_pods` (a pooled model's pods holding it, from its pool's pass) None keeps the last figure.
+    `adapter_pods` (each pool pod's adapters, from its pool's pass) likewise for a pooled model's
+    status.adapters and its AdapterRefused problem; a dedicated model's pods are asked here, when it has adapters.
 
     Returns the status as it was before (status_writer.write_status: one read-compute-write, retried on conflict).
     A pod problem that is new (its reason differs from the last Degraded reason) gets one Warning Event.
@@ -173,9 +189,10 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
             desired, max_replicas, served_name = desired_replicas(spec), spec.scaling.max_replicas, spec.model.name
             pool_name = spec.pool if joins_pool(spec) else None
             deprecated = tuple(deprecations(spec))
+            adapter_names = [adapter.name for adapter in spec.adapters]
         except pydantic.ValidationError:
             desired, max_replicas = int((obj.get("spec") or {}).get("replicas") or 0), 0
-            served_name, pool_name, deprecated = name, None, ()
+            served_name, pool_name, deprecated, adapter_names = name, None, (), []
         known = tuple(_known_problems(previous) if problems is None else problems)
         if any(p.reason == NAME_CONFLICT for p in known):
             pool_name = None  # a member whose served name another holds does not join (pool_join.member_children)
@@ -187,6 +204,9 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
             pool_name = None  # not (or not yet) a member
             deployment = await ctx.kube.get("apps/v1", "deployments", namespace, name)
             pods = await ctx.kube.list("v1", "pods", namespace, pod_selector_string(name)) if deployment else []
+        adapters = await _adapter_findings(adapter_names, served_name, pool_name, pods, adapter_pods, previous)
+        if adapters.problem is not None:
+            known = (*known, adapters.problem)
         generation = applied_generation or previous.get("observedGeneration") or obj["metadata"].get("generation", 1)
         observed = Observed(
             generation=generation,
@@ -204,6 +224,10 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
                 new["residentPods"] = None
             elif resident_pods is not None:  # only a pool pass knows; other writers keep the last figure
                 new["residentPods"] = resident_pods
+        if adapter_names:
+            new["adapters"] = adapters.counts
+        elif previous.get("adapters"):
+            new["adapters"] = None  # the last adapter removed: the merge patch removes the field
         # label `model` is the served name, as on the servers' own metrics, so dashboards can join them
         metrics.DESIRED_REPLICAS.labels(namespace=namespace, model=served_name).set(desired)
         metrics.READY_REPLICAS.labels(namespace=namespace, model=served_name).set(new["readyReplicas"])
@@ -216,6 +240,31 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
     if previous is not None:
         await _announce_pod_problem(ctx, object_ref(namespace, name, uid), previous, written)
     return previous
+
+
+@dataclass(frozen=True)
+class AdapterFindings:
+    counts: list[dict[str, Any]]  # status.adapters
+    problem: Problem | None  # AdapterRefused, or None
+
+
+async def _adapter_findings(names: list[str], served_name: str, pool_name: str | None, pods: list[dict[str, Any]],
+                            adapter_pods: Mapping[str, adapter_status.PodAdapters | None] | None,
+                            previous: dict[str, Any]) -> AdapterFindings:
+    """status.adapters and the AdapterRefused problem (adapter_status.py). A dedicated model's pods are asked for
+    their load reports here; a pooled model's come from its pool's pass (`adapter_pods`), and a write without
+    them keeps the last figures and the last AdapterRefused condition."""
+    if not names:
+        return AdapterFindings([], None)
+    if pool_name is None:
+        adapter_pods = adapter_status.pods_adapters(await read_loads(pods)) if pods else {}
+    if adapter_pods is None:
+        degraded = _degraded(previous)
+        kept = Problem(*degraded) if degraded and degraded[0] == adapter_status.ADAPTER_REFUSED else None
+        counts = {c.get("name"): c for c in previous.get("adapters") or []}
+        return AdapterFindings([counts.get(n) or {"name": n, "pods": 0, "resident": 0} for n in names], kept)
+    return AdapterFindings(adapter_status.adapter_counts(names, adapter_pods),
+                           adapter_status.refused_problem(names, served_name, adapter_pods))
 
 
 def _degraded(status: dict[str, Any] | None) -> tuple[str, str] | None:

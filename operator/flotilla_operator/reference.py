@@ -83,6 +83,74 @@ PODS_TEXT = """\
 - Permissions: `deploy/rbac.yaml` grants exactly the verbs the operator uses; a test audits every request.
 """
 
+ADAPTERS_TEXT = """\
+## Adapters
+
+`spec.adapters` lists LoRA adapters served on the model (docs/serving.md, "LoRA adapters"): each is a name a
+request sends as `model`, and a PEFT directory (`adapter_config.json`, `adapter_model.safetensors`).
+
+<!-- docs-test: not run here: a fragment of examples/llama-3.2-3b-adapters.yaml, which the example tests admit and render -->
+```yaml
+spec:
+  model: {name: meta-llama/Llama-3.2-3B-Instruct, source: {pvc: {claimName: models, path: llama-3.2-3b-instruct}}}
+  adapters:
+    - name: support
+      source: {pvc: {claimName: models, path: adapters/support}}
+    - name: sql
+      source: {image: {reference: registry.example.com/adapters/llama-3.2-3b-sql:v3, path: /adapter}}
+  server: {maxLoras: 4, maxLoraRank: 32}
+```
+
+| field | rule (the CRD refuses otherwise, naming the field) |
+|---|---|
+| `name` | a DNS-1123 label (lower-case letters, digits, `-`, at most 63), unique within the model, not `model.name` |
+| `source.pvc` | `claimName` (same namespace) and `path`, the adapter directory inside the volume, relative (empty: the root; no `..`) |
+| `source.image` | `reference`, an OCI image holding the directory and a `cp` command, and `path`, absolute (default `/adapter`) |
+| `source.huggingface` | refused, whatever it holds: the servers' pods have no network at run time, and an init container downloading each adapter would restart every pod whenever one is added; copy the adapter into a claim or an image |
+| the list | at most 256 adapters (it bounds the CRD's validation cost and the list file) |
+| `server.maxLoras`, `server.maxLoraRank` | `--max-loras` (adapters in slots at once per replica, 1 to 256) and `--max-lora-rank` (1 to 64); unset: the server's defaults, 4 and 16, and no flag is rendered |
+
+**How they reach the pods.** The adapters are the ConfigMap `NAME-adapters` (key `adapters`, one
+`NAME=SOURCE` line each, the grammar of the server's `--lora-list-file`), mounted as a directory at
+`/etc/flotilla/adapters` (never with `subPath`) and passed as `--lora-list-file /etc/flotilla/adapters/adapters`.
+Each distinct claim of the `pvc` adapters is mounted once, read-only, at `/adapters/pvc/CLAIM` (a line points at
+`/adapters/pvc/CLAIM/PATH`); each `image` adapter is copied by an init container `copy-adapter-N` into an
+`emptyDir` at `/adapters/image/NAME`. A missing adapter claim makes the model `Degraded` with reason
+`ClaimNotFound` naming the adapters, and the pods are not changed until it exists.
+
+**What restarts and what does not.**
+
+| change | pods |
+|---|---|
+| add, remove or repoint a `pvc` adapter on a claim another adapter of the model already uses | no restart: the ConfigMap changes, the kubelet updates the mounted file, the server re-reads it and loads or unloads the adapter (requests in flight on a removed adapter finish) |
+| the model's first adapter, or removing its last | rolling restart: the `--lora-list-file` flag and its volume appear or go |
+| a `pvc` adapter on a claim new to the model, or removing the last adapter on a claim | rolling restart: a volume appears or goes |
+| add, change or remove an `image` adapter | rolling restart: its init container changes |
+| `server.maxLoras`, `server.maxLoraRank` | rolling restart: the slots are allocated at start |
+
+A rolling restart shows as it does for any spec change: `Progressing` turns True with reason `RollingOut`
+(`N of M replicas run the current spec`) and the phase is `Progressing` until the Deployment has rolled out
+the new template; `status.observedGeneration` is the generation applied. A change that restarts nothing
+leaves the conditions as they are; `status.adapters` shows the adapter arriving.
+
+**The delay of a no-restart change** is the kubelet's ConfigMap propagation plus the server's poll: the kubelet
+rewrites a mounted ConfigMap at its next sync of the pod, up to its sync period (the kubelet's `syncFrequency`,
+default 1 minute) plus its ConfigMap cache delay (next to nothing with the default watch strategy); the server checks
+the file every second and loads the adapter on a thread (a few seconds for a large adapter). So expect up to
+about a minute, often less: the figure these settings give, not one measured on a cluster here. Until then the
+old list holds: a request naming a new adapter gets 404 `model_not_found`.
+
+**Status.** `status.adapters` lists, for each adapter of the spec, `pods` (ready pods whose load report,
+`/flotilla/v1/load`, lists it as served) and `resident` (of those, the pods holding it in a slot now). A
+dedicated model's pods are asked on each status write while it has adapters; a pool member's figures come
+from its pool's pass. An adapter a server refuses (a line it cannot read, an adapter of another base, a rank
+over `maxLoraRank`, unreadable files: the report's `adapters_refused`) makes the model `Degraded` with reason
+`AdapterRefused`, naming the adapter, the model, how many pods refuse it and the server's reason, for
+example `adapter 'legal' of model 'llama' is refused by 2/2 pods (llama-7d9f-x1): ...`. It is recomputed on
+every write, so it clears once the servers serve the adapter or it leaves the spec; the pods keep serving the
+model and its other adapters meanwhile (a server skips a refused line and tries it again every 10 s).
+"""
+
 STATUS_TEXT = """\
 ## Status
 
@@ -101,7 +169,7 @@ The operator writes `status` through the status subresource and only the fields 
 |---|---|---|
 | `Ready` | At least one replica serves and all desired replicas are ready. | `AllReplicasReady`, `ReplicasNotReady`, `ScaledToZero` |
 | `Progressing` | A rollout or scale-up is under way. | `RollingOut`, `Scaling`, `Complete` |
-| `Degraded` | The operator cannot honour the spec, pods fail, or serving capacity was lost. | `ClaimNotFound`, `{name_conflict}`, `InvalidSpec`, `ChildRejected`, {pod_reasons}, `ReplicasLost`, `AsExpected` |
+| `Degraded` | The operator cannot honour the spec, pods fail, a server refuses an adapter, or serving capacity was lost. | `ClaimNotFound`, `AdapterRefused`, `{name_conflict}`, `InvalidSpec`, `ChildRejected`, {pod_reasons}, `ReplicasLost`, `AsExpected` |
 | `ScalingActive` | The autoscaler has metrics and controls `.spec.replicas`. Written by the autoscaler. | `ValidMetricFound`, `MetricsUnavailable`, `ScalingDisabled` |
 
 `status.message` (the `Message` column of `kubectl get im`) is the first clause of the `Degraded`
@@ -233,6 +301,7 @@ def render(cli_help: str, render_help: str) -> str:
         columns,
         "",
         PODS_TEXT,
+        ADAPTERS_TEXT,
         STATUS_TEXT.format(pod_reasons=", ".join(f"`{r}`" for r in pod_health.REASONS),
                            grace_s=pod_health.UNSCHEDULABLE_GRACE_S, name_conflict=served_names.NAME_CONFLICT),
         "## Status reference\n",

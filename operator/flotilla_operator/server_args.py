@@ -80,7 +80,18 @@ def class_values(server: ServerSpec) -> list[tuple[str, object]]:
     return values
 
 
-def render_server_args(spec: InferenceModelSpec, model_arg: str) -> list[str]:
+def lora_values(server: ServerSpec) -> list[tuple[str, object]]:
+    """spec.server's adapter slots, only where set (a spec that leaves them alone renders what it did before)."""
+    values: list[tuple[str, object]] = []
+    if server.max_loras is not None:
+        values.append(("--max-loras", server.max_loras))
+    if server.max_lora_rank is not None:
+        values.append(("--max-lora-rank", server.max_lora_rank))
+    return values
+
+
+def render_server_args(spec: InferenceModelSpec, model_arg: str, extra: list[str] | None = None) -> list[str]:
+    """The server's flags; `extra` (rendered flags, e.g. the adapter list file's) go before spec.server.extraArgs."""
     server = spec.server
     values: list[tuple[str, object]] = [
         ("--model", model_arg),
@@ -106,5 +117,6 @@ def render_server_args(spec: InferenceModelSpec, model_arg: str) -> list[str]:
     if server.max_model_len is not None:
         values.append(("--max-model-len", server.max_model_len))
     values += class_values(server)
+    values += lora_values(server)
     args = [part for name, value in values for part in flag(name, value)]
-    return args + list(server.extra_args)
+    return args + list(extra or []) + list(server.extra_args)

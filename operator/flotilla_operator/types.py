@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from flotilla_contract import classes as request_classes
 from flotilla_contract import flags as server_flags
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "flotilla.dev"
@@ -33,6 +33,15 @@ QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti)?$"
 # a tenant name as the server's NAME=VALUE lists can carry it: no `,`, `=` or spaces (X-Flotilla-Tenant, `user`)
 TENANT_NAME = r"^[A-Za-z0-9_][A-Za-z0-9._:@/+-]{0,127}$"
 MAX_TENANTS = 256  # named tenants in one of spec.server.classes' tenant maps
+MAX_ADAPTERS = 256  # spec.adapters' length: bounds the CRD's CEL cost and the list file
+# an adapter's name: a DNS-1123 label, which is also a served name the servers' lists carry (model_list.NAME_PATTERN)
+ADAPTER_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# a relative path inside a volume, or empty (the volume's root): segments never start with a dot, so no `..`
+RELATIVE_PATH = r"^([A-Za-z0-9_][A-Za-z0-9._-]*(/[A-Za-z0-9_][A-Za-z0-9._-]*)*)?$"
+ADAPTER_HUGGINGFACE_REFUSED = (
+    "adapters[].source.huggingface is not supported: the servers' pods have no network at run time, and an init "
+    "container downloading each adapter would restart every pod whenever an adapter is added; copy the adapter "
+    "into a PersistentVolumeClaim (source.pvc) or an OCI image (source.image)")
 
 
 def rules(*pairs: tuple[str, str]) -> dict[str, Any]:
@@ -125,6 +134,77 @@ class ModelSource(ApiModel):
     builtin: Literal["tiny"] | None = Field(
         None, description="builtin selects a model embedded in the server; `tiny` is a demonstration model only."
     )
+
+
+class AdapterPVCSource(ApiModel):
+    claim_name: str = Field(
+        description="claimName is the PersistentVolumeClaim, in the same namespace, that holds the adapter; it is "
+        "mounted read-only once per pod however many adapters it holds.",
+        pattern=DNS_SUBDOMAIN,
+        max_length=253,
+    )
+    path: str = Field(
+        "",
+        description="path is the adapter's PEFT directory (adapter_config.json and adapter_model.safetensors) "
+        "inside the volume, relative; empty means the volume's root.",
+        pattern=RELATIVE_PATH,
+        max_length=1024,
+    )
+
+
+class AdapterImageSource(ApiModel):
+    reference: str = Field(
+        description="reference is an OCI image holding the adapter's PEFT directory and a `cp` command.", min_length=1
+    )
+    path: str = Field(
+        "/adapter",
+        description="path is the adapter's PEFT directory inside the image; absolute, and not `/` itself.",
+        pattern=r"^/[^/]",
+    )
+
+
+class AdapterSource(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            ("!has(self.huggingface)", ADAPTER_HUGGINGFACE_REFUSED),
+            (
+                "has(self.huggingface) || [has(self.pvc), has(self.image)].filter(x, x).size() == 1",
+                "adapters[].source must set exactly one of pvc or image",
+            ),
+        )
+    )
+
+    pvc: AdapterPVCSource | None = Field(
+        None, description="pvc reads the adapter from a PersistentVolumeClaim, mounted read-only under /adapters; "
+        "adding or removing such an adapter restarts no pod once its claim is mounted."
+    )
+    image: AdapterImageSource | None = Field(
+        None, description="image copies the adapter out of an OCI image in an init container: adding or removing "
+        "one changes the pod template, a rolling restart."
+    )
+    # any content, so that the CEL rule's message (why, and what to use) is the refusal, not a field's pattern
+    huggingface: dict[str, Any] | None = Field(
+        None, description="huggingface is refused for adapters: the pods have no network at run time and a "
+        "download per adapter would restart them; use pvc or image."
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> AdapterSource:
+        if self.huggingface is not None:
+            raise ValueError(ADAPTER_HUGGINGFACE_REFUSED)
+        if (self.pvc is None) == (self.image is None):
+            raise ValueError("adapters[].source must set exactly one of pvc or image")
+        return self
+
+
+class AdapterSpec(ApiModel):
+    name: str = Field(
+        description="name is what a request sends as `model` to use the adapter: a DNS-1123 label, unique within "
+        "the model and not the model's own served name.",
+        pattern=ADAPTER_NAME,
+        max_length=63,
+    )
+    source: AdapterSource = Field(description="source says where the adapter's PEFT directory comes from: pvc or image.")
 
 
 class ModelSpec(ApiModel):
@@ -418,6 +498,22 @@ class ServerSpec(ApiModel):
         description="classes sets how requests marked `interactive` (the default) or `batch` (X-Flotilla-Class, "
         "or the `flotilla_class` body field) and their tenants share each replica (docs/serving.md).",
     )
+    max_loras: int | None = Field(
+        None,
+        description="maxLoras is how many LoRA adapters each replica holds in its slots at once (the others wait in "
+        "host memory and are swapped in on use). Unset: the server's default, "
+        f"{server_flags.DEFAULT_MAX_LORAS}. Rendered as --max-loras.",
+        ge=1,
+        le=MAX_ADAPTERS,
+    )
+    max_lora_rank: int | None = Field(
+        None,
+        description="maxLoraRank is the adapter slots' width: the highest LoRA rank served (an adapter of a higher "
+        f"rank is refused). Unset: the server's default, {server_flags.DEFAULT_MAX_LORA_RANK}. Rendered as "
+        "--max-lora-rank.",
+        ge=1,
+        le=server_flags.MAX_LORA_RANK_CAP,
+    )
     extra_args: list[str] = Field(default_factory=list, description="extraArgs are appended to the server's command line.")
 
 
@@ -455,6 +551,14 @@ class InferenceModelSpec(ApiModel):
                 "!has(self.resources.gpuType) || self.resources.gpus > 0",
                 "resources.gpuType needs resources.gpus > 0",
             ),
+            (
+                "!has(self.adapters) || self.adapters.all(a, a.name != self.model.name)",
+                "adapters[].name must differ from model.name: a request names an adapter as its model",
+            ),
+            (
+                "!has(self.adapters) || self.adapters.all(a, self.adapters.exists_one(b, b.name == a.name))",
+                "adapters[].name must be unique within the model",
+            ),
         )
     )
 
@@ -476,12 +580,31 @@ class InferenceModelSpec(ApiModel):
     network_policy: NetworkPolicySpec = Field(
         default_factory=NetworkPolicySpec, description="networkPolicy limits who may reach the model's pods."
     )
+    adapters: list[AdapterSpec] = Field(
+        default_factory=list,
+        description="adapters are LoRA adapters served on the model, each a name a request may send as `model` "
+        "(docs/operator.md, \"Adapters\"). pvc adapters are listed in a ConfigMap the servers re-read, so adding or "
+        "removing one restarts no pod once its claim is mounted; an image adapter, a new claim, or the first "
+        "adapter (or the last removed) changes the pod template: a rolling restart. A pool member's adapters "
+        "ride with it into the pool.",
+        max_length=MAX_ADAPTERS,
+    )
     pool: str | None = Field(
         None,
         description="pool names a ModelPool in the same namespace. A cost-first model joins it (no Deployment of its own; "
         "replicas and scaling then belong to the pool); a latency-first model keeps its own Deployment (docs/pools.md).",
         pattern=DNS_SUBDOMAIN,
     )
+
+    @model_validator(mode="after")
+    def _adapter_names(self) -> InferenceModelSpec:
+        """What the CEL rules on adapter names refuse, for specs that did not pass through the API server."""
+        names = [adapter.name for adapter in self.adapters]
+        if self.model.name in names:
+            raise ValueError("adapters[].name must differ from model.name: a request names an adapter as its model")
+        if len(set(names)) != len(names):
+            raise ValueError("adapters[].name must be unique within the model")
+        return self
 
 
 class Condition(ApiModel):
@@ -511,6 +634,12 @@ class AutoscalerStatus(ApiModel):
     )
 
 
+class AdapterStatus(ApiModel):
+    name: str = Field(description="name is the adapter (spec.adapters[].name).")
+    pods: int = Field(description="pods is how many ready pods serve the adapter now, as their load reports say.", ge=0)
+    resident: int = Field(0, description="resident is how many of them hold it in an adapter slot now.", ge=0)
+
+
 class InferenceModelStatus(ApiModel):
     phase: Literal["Pending", "Progressing", "Ready", "Degraded", "ScaledToZero"] | None = Field(
         None, description="phase summarises the conditions in one word."
@@ -529,6 +658,9 @@ class InferenceModelStatus(ApiModel):
     pool: str | None = Field(None, description="pool is the ModelPool serving this model, when it joined one.")
     resident_pods: list[str] = Field(
         default_factory=list, description="residentPods are the pool pods holding this model loaded now (pooled models only)."
+    )
+    adapters: list[AdapterStatus] = Field(
+        default_factory=list, description="adapters says, for each of spec.adapters, how many ready pods serve it."
     )
 
 

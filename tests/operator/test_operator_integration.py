@@ -356,6 +356,12 @@ def test_deploy_rbac_grants_exactly_what_the_operator_uses(tmp_path):
                                                         "networkPolicy": {"enabled": False}}})
         k8s.eventually(lambda: k8s.get("policy/v1", "poddisruptionbudgets", "audited", "default") is None, WAIT_S)
         k8s.eventually(lambda: k8s.get("networking.k8s.io/v1", "networkpolicies", "audited", "default") is None, WAIT_S)
+        # An adapter (docs/operator.md, "Adapters"): its list ConfigMap appears, and goes with the last adapter.
+        k8s.patch(*IM, "audited", "default", {"spec": {"adapters": [
+            {"name": "legal", "source": {"pvc": {"claimName": "models", "path": "adapters/legal"}}}]}})
+        k8s.eventually(lambda: k8s.get("v1", "configmaps", "audited-adapters", "default"), WAIT_S)
+        k8s.patch(*IM, "audited", "default", {"spec": {"adapters": []}})
+        k8s.eventually(lambda: k8s.get("v1", "configmaps", "audited-adapters", "default") is None, WAIT_S)
         # A ModelPool (docs/pools.md): the model joins it, giving up its Deployment; the members ConfigMap drifts back.
         k8s.create({"apiVersion": "flotilla.dev/v1alpha1", "kind": "ModelPool",
                     "metadata": {"name": "shared", "namespace": "default"}, "spec": {"volume": {"claimName": "models"}}})

@@ -37,7 +37,8 @@ async def reconcile_and_refresh_members(ctx: reconciler.Context, namespace: str,
         for member in found:
             async with ctx.lock(namespace, member.name):
                 await reconciler.write_status(ctx, namespace, member.name, problems=None,
-                                              resident_pods=resident.pods_holding(member.model))
+                                              resident_pods=resident.pods_holding(member.model),
+                                              adapter_pods=resident.adapters_by_pod)
 
 
 def register(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:
