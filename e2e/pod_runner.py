@@ -14,7 +14,10 @@ report back, or nothing closes the loop. For each Deployment in its namespace th
   `flotilla.dev/model-name` annotation, else its `--served-model-name`; without either, the
   series keep the `model` label the server itself exports), and `pool` for a ModelPool's pods (from
   their `flotilla.dev/model-pool` label, as the pool's ServiceMonitor relabels it);
-- fills ConfigMap volumes (a ModelPool's members file) per replica and keeps them current (pod_volumes).
+- fills ConfigMap volumes (a ModelPool's members file, an adapter list file) per replica and keeps them
+  current, and stands a directory a test registers in `claims` for each PersistentVolumeClaim volume (pod_volumes);
+- writes each Pod with its container's `http` port set to the replica's own port (each replica listens on its
+  own loopback port where a real pod has its own IP), so the operator reaches its load report at podIP:port.
 
 `endpoints(deployment)` is the Service: the ready replicas' base URLs, for the load generator. The
 same replicas are published as EndpointSlices, as the EndpointSlice controller would, for flotilla-gateway:
@@ -25,6 +28,7 @@ endpoints), labelled `kubernetes.io/service-name` with the Service's name (the D
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import itertools
 import json
@@ -43,7 +47,7 @@ from typing import Any
 import httpx
 from flotilla_contract.labels import MODEL_POOL_LABEL
 
-from e2e.pod_volumes import config_map_mounts, refresh, rewrite_args
+from e2e.pod_volumes import claim_mounts, config_map_mounts, refresh, rewrite_args
 from tests.support.ports import free_port
 from tests.support.prometheus import RealPrometheus, Target
 
@@ -111,6 +115,7 @@ class Replica:
     log_path: Path
     pool: str = ""  # the ModelPool whose pod this is
     mounts: dict[str, tuple[Path, str]] = field(default_factory=dict)  # ConfigMap volumes (pod_volumes)
+    claims: dict[str, Path] = field(default_factory=dict)  # mount path -> directory of a PVC volume (pod_volumes)
     started_s: float = field(default_factory=time.monotonic)
     ready: bool = False
     ready_at_s: float | None = None  # time.monotonic() when /readyz first answered 200
@@ -147,6 +152,8 @@ class PodRunner:
         self.errors: list[str] = []
         self.last_sync_s = time.monotonic()
         self._slices: set[tuple[str, str]] = set()  # (deployment, replica) published as an EndpointSlice
+        # PersistentVolumeClaim name -> the directory standing for its volume in every pod (a test fills it)
+        self.claims: dict[str, Path] = {}
 
     # --- public ----------------------------------------------------------------------------------
     def start(self) -> PodRunner:
@@ -231,7 +238,7 @@ class PodRunner:
             live = [r for rs in self._replicas.values() for r in rs]
         config_maps: dict[str, dict[str, str] | None] = {}  # one read of each ConfigMap per sync
         for replica in live:
-            refresh(self.api, self.namespace, replica.mounts, config_maps)
+            refresh(self.api, self.namespace, replica.mounts, config_maps, replica.claims)
         targets = [Target(f"127.0.0.1:{r.port}", {"namespace": self.namespace, "pod": r.name}
                           | ({"model": r.model} if r.model else {}) | ({"pool": r.pool} if r.pool else {}))
                    for r in live]
@@ -279,8 +286,9 @@ class PodRunner:
         name = f"{deployment}-{template_hash[:5]}-{next(self._names)}"
         argv, env = pod_command(template, port)
         mounts = config_map_mounts(template, self.workdir / name)
-        refresh(self.api, self.namespace, mounts, {})
-        argv = rewrite_args(argv, mounts)
+        claims = claim_mounts(template, self.claims)
+        refresh(self.api, self.namespace, mounts, {}, claims)
+        argv = rewrite_args(argv, mounts, claims)
         log_path = self.workdir / f"{name}.log"
         with open(log_path, "wb") as out:
             process = subprocess.Popen(
@@ -291,7 +299,7 @@ class PodRunner:
         log.info("started %s on port %d: %s", name, port, " ".join(argv))
         pool = (template.get("metadata", {}).get("labels") or {}).get(MODEL_POOL_LABEL, "")
         replica = Replica(deployment, name, port, process, template_hash, model_label(template, argv), log_path,
-                          pool, mounts)
+                          pool, mounts, claims)
         self._create_pod(replica, template)
         return replica
 
@@ -371,11 +379,15 @@ class PodRunner:
         meta = deployment.get("metadata", {})
         owner = [{"apiVersion": "apps/v1", "kind": "Deployment", "name": meta.get("name"), "uid": meta.get("uid"),
                   "controller": True}] if meta.get("uid") else []
+        spec = copy.deepcopy(template.get("spec", {}))
+        for declared in ((spec.get("containers") or [{}])[0].get("ports") or []):
+            if declared.get("name") == "http":
+                declared["containerPort"] = replica.port  # where this replica answers, as podIP:port
         pod = {"apiVersion": "v1", "kind": "Pod",
                "metadata": {"name": replica.name, "namespace": self.namespace,
                             "labels": dict(template.get("metadata", {}).get("labels") or {}),
                             "annotations": {"e2e.flotilla.dev/port": str(replica.port)}, "ownerReferences": owner},
-               "spec": template.get("spec", {})}
+               "spec": spec}
         self._pod_calls.append(("POST", self._pod_path(), pod))
 
     def _pod_status(self, replica: Replica) -> None:

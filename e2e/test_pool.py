@@ -144,7 +144,9 @@ def test_a_pool_of_one_replica_serves_four_members_with_memory_for_two(loop: Loo
     loop.apply(solo)  # its pod starts while the rest is set up
     aside = concurrent.futures.ThreadPoolExecutor(1)
     sizing = aside.submit(  # imports torch (seconds on a busy machine) while the gateway starts
-        lambda: EngineProcesses(EngineConfig(kv_cache_memory_bytes=KV_BYTES), ENGINE_MODE).footprint_bytes("tiny"))
+        # the dtype the pool pod will use: the operator renders --dtype auto on CPU (bfloat16 where oneDNN computes it)
+        lambda: EngineProcesses(EngineConfig(kv_cache_memory_bytes=KV_BYTES, dtype="auto"),
+                                ENGINE_MODE).footprint_bytes("tiny"))
     try:
         with gateway_process(loop.k8s.kubeconfig, tmp_path, "--namespace", "default") as gateway:
             apply_pool(loop, sizing.result())
