@@ -10,6 +10,8 @@ greedy tokens (peft's random B is small beside the test models' weights).
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -22,11 +24,10 @@ ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 def make_lora_adapter(base_dir: Path, path: Path, rank: int = 8, seed: int = 0, alpha: float | None = None,
                       targets: tuple[str, ...] = ALL_TARGETS, scale: float = 4.0, **config: Any) -> Path:
     """Saves a peft LoRA adapter of `base_dir`'s model at `path`; `config` goes to peft.LoraConfig."""
-    import transformers
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(seed)
-    base = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
+    base = copy.deepcopy(_base_model(str(base_dir)))  # get_peft_model wraps the base's modules in place
     lora = LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else 2 * rank, target_modules=list(targets),
                       init_lora_weights=False, **config)
     model = get_peft_model(base, lora)
@@ -36,6 +37,14 @@ def make_lora_adapter(base_dir: Path, path: Path, rank: int = 8, seed: int = 0, 
                 param.mul_(scale)
     model.save_pretrained(path)
     return path
+
+
+@functools.lru_cache(maxsize=4)
+def _base_model(base_dir: str):
+    """The base as transformers loads it, once per directory (loading it is most of an adapter's making)."""
+    import transformers
+
+    return transformers.AutoModelForCausalLM.from_pretrained(base_dir)
 
 
 def edit_adapter_config(path: Path, **changes: Any) -> Path:
