@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml constraints.txt
 PY_CACHE := PYTHONDONTWRITEBYTECODE=
 
 KERNELS_LIB := server/flotilla_server/model/kernels/build/libflotilla_kernels.so
-$(KERNELS_LIB): $(wildcard server/flotilla_server/model/kernels/*.cpp) scripts/build_kernels.py $(STAMP)
+$(KERNELS_LIB): $(wildcard server/flotilla_server/model/kernels/*.cpp) $(wildcard server/flotilla_server/model/kernels/*.h) scripts/build_kernels.py $(STAMP)
 	$(PY) scripts/build_kernels.py >/dev/null
 
 setup: $(STAMP) $(KERNELS_LIB)

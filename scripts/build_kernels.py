@@ -25,13 +25,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "server" / "flotilla_server" / "model" / "kernels"
 SOURCES = sorted(KERNELS.glob("*.cpp"))  # every kernel source: one library, one op registry
+HEADERS = sorted(KERNELS.glob("*.h"))  # shared by the sources: an edit to one rebuilds too
 LIBRARY = KERNELS / "build" / "libflotilla_kernels.so"
 STAMP = LIBRARY.with_suffix(".stamp")
 
 
 def fingerprint(torch_version: str) -> str:
     digest = hashlib.sha256(torch_version.encode())
-    for source in SOURCES:
+    for source in (*SOURCES, *HEADERS):
         digest.update(source.read_bytes())
     return digest.hexdigest()
 
