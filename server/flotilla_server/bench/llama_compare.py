@@ -93,8 +93,9 @@ def _server_command(arm: str, args: argparse.Namespace, port: int, threads: int,
     if arm == PEER:
         return [str(binary), "-m", str(args.model), "--parallel", slots, "-c", str(int(slots) * MAX_MODEL_LEN),
                 "-t", str(threads), "-tb", str(threads), "--no-webui", *common]
+    # float32 named: `--dtype auto` would run the dequantized arm in bfloat16 where the CPU computes it
     return [sys.executable, "-m", "flotilla_server.cli", "--model", str(args.model), "--quantization", ARMS[arm],
-            "--max-num-seqs", slots, "--max-model-len", str(MAX_MODEL_LEN), "--log-level", "info", *common]
+            "--dtype", "float32", "--max-num-seqs", slots, "--max-model-len", str(MAX_MODEL_LEN), "--log-level", "info", *common]
 
 
 class Crashed(RuntimeError):
