@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+import numpy as np
 import torch
 from flotilla_server.model.quant_blocks import force_isa, quant_matmul
 
@@ -26,3 +27,15 @@ def assert_rows_independent(types: Iterable[int], blocks_of: Callable[[int], tor
             y = quant_matmul(x, blocks, qtype)
             for start, end in ((0, 1), (2, 3), (1, 7), (3, 5), (6, 7)):
                 assert torch.equal(quant_matmul(x[start:end], blocks, qtype), y[start:end]), (qtype, isa, start, end)
+
+
+def assert_dequantizer_bits(blocks: np.ndarray, qtype: int, expected_bits: np.ndarray) -> None:
+    """The native dequantize_blocks gives `expected_bits` (uint32 view) on every instruction set, 1 and 2 threads."""
+    n, k = expected_bits.shape
+    for isa in available_isas():
+        force_isa(isa)
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            out = torch.full((n, k), float("nan"))
+            torch.ops.flotilla.dequantize_blocks(torch.from_numpy(blocks), int(qtype), out)
+            assert np.array_equal(out.numpy().view(np.uint32), expected_bits), (isa, count, n, k)

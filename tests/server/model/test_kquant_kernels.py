@@ -48,7 +48,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from .gguf_files import T, write_llama_gguf
-from .kernel_isas import assert_rows_independent, available_isas
+from .kernel_isas import assert_dequantizer_bits, assert_rows_independent, available_isas
 from .test_int8_loading import logits
 from .test_quant_kernels import (
     activations_forced,
@@ -236,18 +236,11 @@ def test_fallback_checks_k_quant_widths(monkeypatch: pytest.MonkeyPatch) -> None
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("finite", [True, False], ids=["finite-scales", "any-bytes"])
 def test_native_dequantizer_has_gguf_bits_on_every_instruction_set(qtype: GGMLQuantizationType, finite: bool) -> None:
-    op = torch.ops.flotilla.dequantize_blocks
     for n, k in [(1, 256), (7, 512), (33, 768), (97, 512), *LONG_ROWS]:
         blocks = random_blocks(qtype, n, k, finite)
         with np.errstate(all="ignore"):
             expected = dequantize(blocks, qtype).view(np.uint32)
-        for isa in available_isas():
-            force_isa(isa)
-            for count in (1, 2):
-                torch.set_num_threads(count)
-                out = torch.full((n, k), float("nan"))
-                op(torch.from_numpy(blocks), int(qtype), out)
-                assert np.array_equal(out.numpy().view(np.uint32), expected), (isa, count, n, k)
+        assert_dequantizer_bits(blocks, qtype, expected)
 
 
 @settings(max_examples=40, deadline=None)

@@ -66,7 +66,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from .kernel_isas import assert_rows_independent, available_isas
+from .kernel_isas import assert_dequantizer_bits, assert_rows_independent, available_isas
 
 TYPES = [Q8_0, Q4_0, Q4_1]
 ROWS = [1, 2, 3, 4, 8, 16, 64]
@@ -240,7 +240,6 @@ def test_native_dequantizer_has_gguf_bits_on_every_instruction_set(qtype: GGMLQu
                                                                     random_bytes: bool) -> None:
     """Every weight has gguf.quants.dequantize's bits, on each instruction set and thread count, for any bytes
     (random ones include infinite and NaN scales, and negative ones, whose Q4_0 zeros are -0)."""
-    op = torch.ops.flotilla.dequantize_blocks
     rng = np.random.default_rng(int(qtype))
     for n, k in DEQUANTIZE_SHAPES:
         if random_bytes:
@@ -249,13 +248,7 @@ def test_native_dequantizer_has_gguf_bits_on_every_instruction_set(qtype: GGMLQu
             blocks = quantized(qtype, n, k)
         with np.errstate(all="ignore"):
             expected = dequantize(blocks, qtype).view(np.uint32)
-        for isa in available_isas():
-            force_isa(isa)
-            for count in (1, 2):
-                torch.set_num_threads(count)
-                out = torch.full((n, k), float("nan"))
-                op(torch.from_numpy(blocks), int(qtype), out)
-                assert np.array_equal(out.numpy().view(np.uint32), expected), (isa, count, n, k)
+        assert_dequantizer_bits(blocks, qtype, expected)
 
 
 @native
