@@ -110,6 +110,15 @@ def _has_native_kquants() -> bool:
 _NATIVE_KQUANTS = _has_native_kquants()
 
 
+def few_rows_product(qtype: int) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] | None:
+    """The native op that quant_matmul calls for under MANY_ROWS float32 CPU rows of x times CPU blocks of
+    `qtype`, or None where it takes another path: a caller making many such products (a decode step's
+    projections) may call it directly and skip quant_matmul's checks."""
+    if _quant_matmul is None or (int(qtype) in KQUANT_TYPES and not _NATIVE_KQUANTS):
+        return None
+    return _quant_matmul
+
+
 def _block_shape(qtype: int) -> tuple[int, int]:
     """(weights, bytes) of one block of the type."""
     try:

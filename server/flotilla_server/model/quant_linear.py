@@ -19,13 +19,13 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
 
 from .int8_weights import dequantize_int8_rows, int8_matmul, quantize_int8
-from .quant_blocks import dequantize_rows, quant_matmul
+from .quant_blocks import MANY_ROWS, dequantize_rows, few_rows_product, quant_matmul
 
 
 def _merged(parts: Sequence[tuple[torch.Tensor, int]]) -> list[tuple[torch.Tensor, int]]:
@@ -51,11 +51,32 @@ class QuantizedLinear(nn.Module):
             self.register_buffer(f"blocks{i}", blocks.contiguous(), persistent=False)
         self.out_features = sum(blocks.shape[0] for blocks, _ in parts)
         self.bias = None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False)
+        self._direct = self._direct_part()
 
     def parts(self) -> list[tuple[torch.Tensor, int]]:
         return [(getattr(self, f"blocks{i}"), qtype) for i, qtype in enumerate(self.qtypes)]
 
+    def _direct_part(self) -> tuple[Callable | None, torch.Tensor, int] | None:
+        """(native op or None, blocks, type) where the whole product is one quant_matmul of float32 rows (one
+        part, no bias); the op is quant_blocks.few_rows_product's, for CPU blocks."""
+        if len(self.qtypes) != 1 or self.bias is not None:
+            return None
+        blocks, qtype = self.blocks0, self.qtypes[0]
+        return (few_rows_product(qtype) if blocks.is_cpu else None), blocks, qtype
+
+    def _apply(self, fn, recurse: bool = True):
+        super()._apply(fn, recurse)
+        self._direct = self._direct_part()  # the buffers may be new tensors (.to(device))
+        return self
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Rule: a decode step's float32 rows go straight to the product (a step makes ~120 of these calls,
+        # and the general path below costs ~4 us more each in Python)
+        if self._direct is not None and x.dtype == torch.float32 and x.dim() == 2:
+            product, blocks, qtype = self._direct
+            if product is not None and x.shape[0] < MANY_ROWS and x.is_cpu:
+                return product(x, blocks, qtype)
+            return quant_matmul(x, blocks, qtype)
         rows = x.reshape(-1, self.in_features).float()
         outs = [quant_matmul(rows, blocks, qtype) for blocks, qtype in self.parts()]
         y = outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
@@ -107,6 +128,8 @@ class Int8Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().to(dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bias is None and x.dtype == torch.float32 and x.dim() == 2:  # as QuantizedLinear's rule
+            return int8_matmul(x, self.int8_weight, self.scales)
         y = int8_matmul(x.reshape(-1, self.in_features).float(), self.int8_weight, self.scales)
         if self.bias is not None:
             y = y.add_(self.bias)

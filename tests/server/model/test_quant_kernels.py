@@ -60,6 +60,7 @@ from flotilla_server.model.quant_blocks import (
     force_isa,
     quant_matmul,
 )
+from flotilla_server.model.quant_linear import QuantizedLinear
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 from hypothesis import HealthCheck, given, settings
@@ -441,6 +442,22 @@ def test_leading_dimensions_are_rows(monkeypatch: pytest.MonkeyPatch, native_op:
     x = torch.randn(2, 3, 96)
     y = quant_matmul(x, blocks, Q4_1)
     assert y.shape == (2, 3, 7) and torch.equal(y.reshape(6, 7), quant_matmul(x.reshape(6, 96), blocks, Q4_1))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 31, 32, 40])
+def test_a_projection_gives_quant_matmuls_result_on_its_direct_path_and_follows_its_buffers(rows: int) -> None:
+    """QuantizedLinear sends a decode step's float32 rows straight to the native op (quant_blocks.few_rows_product)
+    and the rest through quant_matmul: either way the product is quant_matmul's, the same bits; and after
+    `_apply` (`.to`, `share_memory`) it multiplies the module's buffers as they are then."""
+    blocks = torch.from_numpy(quantized(Q4_1, 33, 96).copy())
+    layer = QuantizedLinear(96, [(blocks, int(Q4_1))])
+    x = torch.randn(rows, 96)
+    assert torch.equal(layer(x), quant_matmul(x, blocks, Q4_1))
+    assert torch.equal(layer(x.unsqueeze(0)), quant_matmul(x, blocks, Q4_1).unsqueeze(0))  # the general path
+    layer._apply(lambda t: t.clone())
+    layer.blocks0.copy_(torch.from_numpy(quantized(Q4_1, 33, 96)[::-1].copy()))  # the new buffer, not the old one
+    assert torch.equal(layer(x), quant_matmul(x, layer.blocks0, Q4_1))
+    assert not torch.equal(layer(x), quant_matmul(x, blocks, Q4_1))
 
 
 def test_fallback_checks_types_and_widths(monkeypatch: pytest.MonkeyPatch) -> None:
