@@ -29,8 +29,12 @@ float32 copy 32.
   between thread counts (the kernel's do not). Without the native dequantizer (a library built before it) the
   kernel runs at every row count; int8 activations keep the kernel too (their rounding is the mode's point),
   but not for Q4_K and Q6_K, which have no int8 path.
-  The native kernel's default decodes each block of weights to float32 in registers and multiplies x as it
-  is: exact up to float rounding, like the fallback. FLOTILLA_KERNEL_ACTIVATIONS=int8 (read at load) makes
+  The native kernel decodes each block of weights to float32 in registers and multiplies x as it is (exact up
+  to float rounding, like the fallback) by default on AVX-512; on AVX2, where that path is bound by its
+  instructions rather than by reading the weights, it rounds x to int16 per block of 32 and takes integer
+  dot products (within 1/65534 of each block's largest activation: 256 times closer than int8, and as fast
+  as the memory allows; FLOTILLA_KERNEL_ACTIVATIONS=float|int16 picks either form anywhere, and above
+  MANY_ROWS rows both take the many-row path). FLOTILLA_KERNEL_ACTIVATIONS=int8 (read at load) makes
   it round the activations to int8 per 32 and take integer dot products instead, as llama.cpp does: faster
   at batch 1 where the float path is bound by instructions (a Q8_0 head: about 1.6x), but SmolLM2-135M's
   Q4_1 file then agrees with its dequantized weights on the top-1 token at only 94-95 % of positions, where
@@ -41,8 +45,10 @@ float32 copy 32.
   lookup decodes only the rows it reads (the native `dequantize_blocks` op gives the same bits, faster);
 - `active_isa()` / `force_isa(name)`: the native kernel's instruction set (FLOTILLA_KERNEL_ISA sets it at
   load), for comparisons; "torch" where the fallback runs;
-- `active_activations()` / `force_activations(name)`: the native kernel's activations, "float" or "int8"
-  (FLOTILLA_KERNEL_ACTIVATIONS sets it at load), for tests and benchmarks; "torch" where the fallback runs.
+- `activations_setting()` / `force_activations(name)`: the native kernel's activations setting, "auto" (the
+  default), "float", "int8" or "int16" (FLOTILLA_KERNEL_ACTIVATIONS sets it at load), for tests and
+  benchmarks; `active_activations()`: the form they take on the instruction set in use (auto: int16 on AVX2,
+  float elsewhere); "torch" where the fallback runs.
 
 Block layouts (llama.cpp's ggml-common.h; little-endian). A block is 32 consecutive weights of a row:
   Q8_0, 34 bytes: fp16 d, int8 q[32];          w = d * q
@@ -204,7 +210,7 @@ def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int) -> torch.Ten
     kquant = qtype in KQUANT_TYPES
     native = (_quant_matmul is not None and x.dtype == torch.float32 and x.is_cpu and blocks.is_cpu
               and (_NATIVE_KQUANTS or not kquant))
-    if native and (rows < MANY_ROWS or _dequantize_blocks is None or (not kquant and active_activations() != "float")):
+    if native and (rows < MANY_ROWS or _dequantize_blocks is None or (not kquant and active_activations() == "int8")):
         if x.dim() == 2:
             return _quant_matmul(x, blocks, int(qtype))
         return _quant_matmul(x.reshape(-1, k), blocks, int(qtype)).reshape(*x.shape[:-1], blocks.shape[0])
@@ -259,17 +265,26 @@ def force_isa(name: str) -> str:
     return "torch" if _kernel_isa is None else _kernel_isa(name)
 
 
-def active_activations() -> str:
-    """The native kernel's activations: "float" (exact, the default) or "int8" (rounded per 32); "torch" where
-    the fallback runs, "int8" for a library built before the float path."""
+def activations_setting() -> str:
+    """The native kernel's activations setting: "auto" (the default: int16 where the products run on AVX2,
+    float elsewhere), "float", "int8" or "int16"; "torch" where the fallback runs."""
     if _quant_matmul is None:
         return "torch"
-    return "int8" if _kernel_activations is None else _kernel_activations("")
+    return "int8" if _kernel_activations is None else _kernel_activations("").split(":")[0]
+
+
+def active_activations() -> str:
+    """The form the native kernel's activations take now, on the instruction set in use: "float" (exact),
+    "int16" or "int8" (rounded per 32); "torch" where the fallback runs, "int8" for a library built before the
+    float path."""
+    if _quant_matmul is None:
+        return "torch"
+    return "int8" if _kernel_activations is None else _kernel_activations("").split(":")[-1]
 
 
 def force_activations(name: str) -> str:
-    """Sets the native kernel's activations ("float" or "int8") for the whole process; returns the ones now
-    active (see active_activations)."""
+    """Sets the native kernel's activations ("auto", "float", "int8" or "int16") for the whole process; returns
+    the setting now (see activations_setting)."""
     if _quant_matmul is None or _kernel_activations is None:
-        return active_activations()
-    return _kernel_activations(name)
+        return activations_setting()
+    return _kernel_activations(name).split(":")[0]

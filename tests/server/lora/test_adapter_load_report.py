@@ -7,6 +7,7 @@ names the adapter of a skipped entry; a server without adapters reports none."""
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 from flotilla_contract.load import AdapterServed
@@ -35,6 +36,9 @@ def models(tmp_path_factory):
     return load_model(str(base), "float32", "cpu"), adapters, root
 
 
+READ_DEADLINE_S = 60.0
+
+
 class Followed:
     """An engine loop following a list file, and its latest stats as the HTTP side sees them."""
 
@@ -60,10 +64,13 @@ class Followed:
         """The list file's next check is due now (it is every LIST_POLL_S), and so is the failed loads' retry."""
         self.loop.adapters._next_check_s = -math.inf
         self.loop.adapters._retry_s = -math.inf
-        for _ in range(2000):
+        self.turns()  # reads the file and starts the reads it asks for
+        # a deadline, not a count of turns: an idle turn takes microseconds, a read on a loaded machine longer
+        deadline_s = time.monotonic() + READ_DEADLINE_S
+        while self.loop.adapters.busy:
+            assert time.monotonic() < deadline_s, f"the adapters' reads took over {READ_DEADLINE_S} s"
+            time.sleep(0.005)
             self.turns()
-            if not self.loop.adapters.busy:
-                break
         self.turns(2)
 
     def generate(self, rid: str, adapter: str, max_tokens: int) -> None:

@@ -24,6 +24,9 @@ exactly up to float rounding. Its bound is the same for every type:
 with W_j = |w_j| for Q8_0 and Q4_0, and |d * nibble_j| + |m| for Q4_1 (whose kernel sums the d and m terms
 apart).
 
+In int16 mode (the default where the products run on AVX2: `auto`) the rounding is to int16 (d = amax / 32767):
+the same bound with amax_b / 65534 in the first term, and the same agreement between the paths.
+
 From quant_blocks.MANY_ROWS rows (float activations) quant_matmul decodes tiles of weights natively (their
 bits: gguf's, tested per instruction set) and multiplies them by torch.mm: the same float bound, but MKL's
 sgemm splits long rows (k >= 1536) over threads, so that path is held to the bound alone on each thread
@@ -82,7 +85,7 @@ native = pytest.mark.skipif(quant_blocks._quant_matmul is None,
 @contextlib.contextmanager
 def activations_forced(name: str):
     """The native kernel in one activations mode, then in the one before (also when the body fails)."""
-    before = quant_blocks.active_activations()
+    before = quant_blocks.activations_setting()
     assert force_activations(name) == name
     try:
         yield
@@ -119,8 +122,10 @@ def float_bound(x: torch.Tensor, blocks: np.ndarray, qtype: GGMLQuantizationType
     return (x.shape[1] + 64) * 2**-22 * (x.double().abs() @ w.T) + 2**-100
 
 
-def bounds(x: torch.Tensor, blocks: np.ndarray, qtype: GGMLQuantizationType) -> tuple[torch.Tensor, torch.Tensor]:
-    """The int8 bound's two terms, rounding and float, each [m, n] in float64."""
+def bounds(x: torch.Tensor, blocks: np.ndarray, qtype: GGMLQuantizationType,
+           levels: int = 127) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rounded activations' bound, two terms, rounding and float, each [m, n] in float64 (levels: 127 for
+    int8, 32767 for int16)."""
     n, k = blocks.shape[0], x.shape[1]
     w = torch.from_numpy(dequantize(blocks, qtype)).double().abs()
     magnitude = w
@@ -130,7 +135,7 @@ def bounds(x: torch.Tensor, blocks: np.ndarray, qtype: GGMLQuantizationType) -> 
         nibbles = torch.cat((raw[..., 4:] & 15, raw[..., 4:] >> 4), dim=-1).double()
         magnitude = ((d * nibbles).abs() + m.abs()).reshape(n, k)
     amax = x.double().abs().reshape(x.shape[0], -1, 32).amax(-1)  # [m, blocks]
-    rounding = amax @ w.reshape(n, -1, 32).sum(-1).T / 254
+    rounding = amax @ w.reshape(n, -1, 32).sum(-1).T / (2 * levels)
     return rounding, (k + 64) * 2**-22 * (amax @ magnitude.reshape(n, -1, 32).sum(-1).T) + 2**-100
 
 
@@ -143,18 +148,22 @@ def assert_within_float_bound(y: torch.Tensor, x: torch.Tensor, blocks: np.ndarr
     assert worst <= 0, f"{qtype.name} {tuple(x.shape)} x {blocks.shape}: error exceeds the bound by {worst.item():.3g}"
 
 
-def assert_within_int8_bound(y: torch.Tensor, x: torch.Tensor, blocks: np.ndarray,
-                             qtype: GGMLQuantizationType) -> None:
-    """The int8 path: both terms."""
+LEVELS = {"int8": 127, "int16": 32767}
+
+
+def assert_within_rounded_bound(y: torch.Tensor, x: torch.Tensor, blocks: np.ndarray,
+                             qtype: GGMLQuantizationType, mode: str = "int8") -> None:
+    """The rounded paths (int8, int16): both terms."""
     error = (y.double() - reference(x, blocks, qtype).double()).abs()
-    rounding, floating = bounds(x, blocks, qtype)
+    rounding, floating = bounds(x, blocks, qtype, LEVELS[mode])
     worst = (error - (rounding + floating)).max()
     assert worst <= 0, f"{qtype.name} {tuple(x.shape)} x {blocks.shape}: error exceeds the bound by {worst.item():.3g}"
 
 
 def assert_paths_agree(outs: dict[str, torch.Tensor], x: torch.Tensor, blocks: np.ndarray,
                        qtype: GGMLQuantizationType) -> None:
-    """int8: the paths round x alike and their integer products are exact: they differ by float rounding only."""
+    """int8, int16: the paths round x alike and their integer products are exact: they differ by float rounding
+    only."""
     _, floating = bounds(x, blocks, qtype)
     for isa, y in outs.items():
         worst = ((y.double() - outs["scalar"].double()).abs() - floating).max()
@@ -182,9 +191,15 @@ def on_one_and_two_threads(isa: str, x: torch.Tensor, blocks: torch.Tensor, qtyp
 # ---- float activations (the default)
 
 @native
-def test_float_activations_are_the_default() -> None:
-    if os.environ.get("FLOTILLA_KERNEL_ACTIVATIONS", "float") == "float":
-        assert quant_blocks.active_activations() == "float"
+@pytest.mark.usefixtures("restore_isa")
+def test_auto_is_the_default_int16_on_avx2_and_float_elsewhere() -> None:
+    """AVX2's float path is bound by its decode instructions, AVX-512's by reading the weights (quant_matmul.cpp)."""
+    if os.environ.get("FLOTILLA_KERNEL_ACTIVATIONS", "auto") != "auto":
+        pytest.skip("FLOTILLA_KERNEL_ACTIVATIONS is set")
+    assert quant_blocks.activations_setting() == "auto"
+    for isa in available_isas():
+        force_isa(isa)
+        assert quant_blocks.active_activations() == ("int16" if isa == "avx2" else "float"), isa
 
 
 @native
@@ -208,7 +223,7 @@ def test_float_path_within_the_float_bound_on_every_instruction_set(qtype: GGMLQ
 
 @native
 @pytest.mark.usefixtures("restore_isa")
-@pytest.mark.parametrize("activations", ["float", "int8"])
+@pytest.mark.parametrize("activations", ["float", "int8", "int16"])
 def test_a_rows_result_does_not_depend_on_the_other_rows(activations: str) -> None:
     """Rows go in tiles of up to 4; each row's sums are the same whatever tile it is in."""
     with activations_forced(activations):
@@ -305,7 +320,7 @@ def test_int8_path_within_the_rounding_bound(qtype: GGMLQuantizationType, rows: 
         x = torch.randn(rows, k) * torch.logspace(-2, 1, k)  # blocks of different scales
         y = quant_matmul(x, torch.from_numpy(blocks), qtype)
         assert y.shape == (rows, n) and y.dtype == torch.float32
-        assert_within_int8_bound(y, x, blocks, qtype)
+        assert_within_rounded_bound(y, x, blocks, qtype)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
@@ -321,20 +336,38 @@ def test_torch_fallback_matches_f_linear(monkeypatch: pytest.MonkeyPatch, qtype:
 
 
 @native
-@pytest.mark.usefixtures("int8_activations", "restore_isa", "threads")
+@pytest.mark.usefixtures("restore_isa", "threads")
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_int8_path_on_every_instruction_set_is_within_the_bound_and_thread_count_independent(
-        qtype: GGMLQuantizationType) -> None:
+@pytest.mark.parametrize("mode", ["int8", "int16"])
+def test_rounded_paths_on_every_instruction_set_are_within_the_bound_and_thread_count_independent(
+        qtype: GGMLQuantizationType, mode: str) -> None:
     isas = available_isas()
     assert "scalar" in isas and force_isa("avx512_vnni") == isas[-1]  # never one the CPU lacks
     torch.manual_seed(0)
-    for rows, n, k in ((1, 97, 608), (3, 130, 160), (64, 97, 96)):  # 64 rows or more: rounded in parallel
-        blocks = quantized(qtype, n, k)
-        x = torch.randn(rows, k)
-        outs = {isa: on_one_and_two_threads(isa, x, torch.from_numpy(blocks), qtype) for isa in isas}
-        for y in outs.values():
-            assert_within_int8_bound(y, x, blocks, qtype)
-        assert_paths_agree(outs, x, blocks, qtype)
+    with activations_forced(mode):
+        for rows, n, k in ((1, 97, 608), (2, 33, 96), (3, 130, 160), (4, 7, 32 * 131), (64, 97, 96)):
+            blocks = quantized(qtype, n, k)
+            x = torch.randn(rows, k) * torch.logspace(-2, 1, k)
+            outs = {isa: on_one_and_two_threads(isa, x, torch.from_numpy(blocks), qtype) for isa in isas}
+            for y in outs.values():
+                assert_within_rounded_bound(y, x, blocks, qtype, mode)
+            assert_paths_agree(outs, x, blocks, qtype)
+
+
+@native
+@pytest.mark.usefixtures("restore_isa")
+def test_int16_rounds_256_times_closer_than_int8() -> None:
+    """What the int16 form is for: on AVX2 its error against the exact product is near the float path's, far
+    under int8's (SmolLM2 teacher-forced: tests/server/model/test_quantized_accuracy.py)."""
+    blocks = quantized(Q4_1, 97, 608)
+    x = torch.randn(4, 608)
+    ref = reference(x, blocks, Q4_1).double()
+    force_isa("avx2")
+    errors = {}
+    for mode in ("float", "int16", "int8"):
+        with activations_forced(mode):
+            errors[mode] = (quant_matmul(x, torch.from_numpy(blocks), Q4_1).double() - ref).abs().max().item()
+    assert errors["int16"] < errors["int8"] / 50 and errors["int16"] < 1e-3 * ref.abs().max().item(), errors
 
 
 @native
@@ -348,7 +381,7 @@ def test_zero_and_subnormal_activation_blocks() -> None:
         force_isa(isa)
         y = quant_matmul(x, torch.from_numpy(blocks), Q8_0)
         assert y.isfinite().all()
-        assert_within_int8_bound(y, x, blocks, Q8_0)
+        assert_within_rounded_bound(y, x, blocks, Q8_0)
 
 
 # ---- both
@@ -380,7 +413,7 @@ def problems(draw: st.DrawFn, random_bytes: bool):
 @native
 @pytest.mark.usefixtures("restore_isa")
 @pytest.mark.parametrize("random_bytes", [False, True], ids=["quantized", "random-bytes"])
-@pytest.mark.parametrize("activations", ["float", "int8"])
+@pytest.mark.parametrize("activations", ["float", "int8", "int16"])
 def test_hypothesis_weights_within_the_bound_on_every_instruction_set(activations: str, random_bytes: bool) -> None:
     isas = available_isas()
 
@@ -395,7 +428,7 @@ def test_hypothesis_weights_within_the_bound_on_every_instruction_set(activation
                 assert_within_float_bound(y, x, blocks, qtype, ref, bound)
         else:
             for y in outs.values():
-                assert_within_int8_bound(y, x, blocks, qtype)
+                assert_within_rounded_bound(y, x, blocks, qtype, activations)
             assert_paths_agree(outs, x, blocks, qtype)
 
     with activations_forced(activations):
@@ -428,10 +461,10 @@ def test_native_op_checks_its_inputs() -> None:
     assert op(torch.randn(0, 32), blocks, 8).shape == (0, 3)
     with pytest.raises(RuntimeError, match="none of scalar, avx2"):
         force_isa("sse2")
-    before = quant_blocks.active_activations()
-    with pytest.raises(RuntimeError, match="neither float nor int8"):
+    before = quant_blocks.activations_setting()
+    with pytest.raises(RuntimeError, match="none of float, int8, int16 or auto"):
         force_activations("int4")
-    assert quant_blocks.active_activations() == before
+    assert quant_blocks.activations_setting() == before
 
 
 @pytest.mark.parametrize("native_op", [True, False], ids=["native", "fallback"])
@@ -471,17 +504,19 @@ def test_fallback_checks_types_and_widths(monkeypatch: pytest.MonkeyPatch) -> No
 
 @native
 def test_environment_variables_pick_the_instruction_set_and_the_activations_at_load() -> None:
-    """Read once, at load: FLOTILLA_KERNEL_ISA and FLOTILLA_KERNEL_ACTIVATIONS (a value neither float nor int8:
-    float, and a line on stderr). The two processes run side by side."""
+    """Read once, at load: FLOTILLA_KERNEL_ISA and FLOTILLA_KERNEL_ACTIVATIONS (another value: auto, and a line
+    on stderr); the op reads back the setting and the form it takes there. The processes run side by side."""
     code = (f"import torch; torch.ops.load_library({str(LIBRARY)!r}); "
             "print(torch.ops.flotilla.kernel_isa(''), torch.ops.flotilla.kernel_activations(''))")
     base = {k: v for k, v in os.environ.items() if not k.startswith("FLOTILLA_KERNEL_")}
-    runs = [({"FLOTILLA_KERNEL_ISA": "scalar", "FLOTILLA_KERNEL_ACTIVATIONS": "int8"}, "scalar int8"),
-            ({"FLOTILLA_KERNEL_ISA": "scalar", "FLOTILLA_KERNEL_ACTIVATIONS": "int4"}, "scalar float")]
+    runs = [({"FLOTILLA_KERNEL_ISA": "scalar", "FLOTILLA_KERNEL_ACTIVATIONS": "int8"}, "scalar int8:int8"),
+            ({"FLOTILLA_KERNEL_ISA": "avx2", "FLOTILLA_KERNEL_ACTIVATIONS": "int16"}, "avx2 int16:int16"),
+            ({"FLOTILLA_KERNEL_ISA": "avx2"}, "avx2 auto:int16"),
+            ({"FLOTILLA_KERNEL_ISA": "scalar", "FLOTILLA_KERNEL_ACTIVATIONS": "int4"}, "scalar auto:float")]
     procs = [subprocess.Popen([sys.executable, "-c", code], env={**base, **env}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for env, _ in runs]
     for proc, (_, expected) in zip(procs, runs, strict=True):
         out, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
         assert out.strip() == expected
-    assert "FLOTILLA_KERNEL_ACTIVATIONS=int4 is neither float nor int8; using float" in err
+    assert "FLOTILLA_KERNEL_ACTIVATIONS=int4 is none of float, int8, int16 or auto; using auto" in err

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 from flotilla_server.model import AttentionBatch, DecoderModel, KVCacheTensors, load_model
+from flotilla_server.model.quant_blocks import MANY_ROWS, active_activations, force_isa
 from flotilla_server.model.source import gguf_tensors
 from flotilla_server.model_cache.footprint import dense_weight_bytes, gguf_weight_bytes, int8_weight_bytes
 
@@ -37,21 +38,26 @@ CHUNK = 512
 BLOCK = 16
 
 
-def teacher_forced_chunks(model: DecoderModel, ids: list[int], device: str = "cpu"):
-    """Log-probabilities of the next token after every position of `ids`, a chunk of prefill at a time
-    (`device`: the model's; scripts/gpu_checks.sh runs this on a GPU)."""
+def teacher_forced_chunks(model: DecoderModel, ids: list[int], device: str = "cpu", rows_per_forward: int = CHUNK):
+    """Log-probabilities of the next token after every position of `ids`, CHUNK positions at a time, each
+    computed by forward passes of `rows_per_forward` rows of prefill (`device`: the model's;
+    scripts/gpu_checks.sh runs this on a GPU). Under quant_blocks.MANY_ROWS rows the block products take the
+    kernel's few-row path, as a decode step does; from there, the many-row one."""
     cfg = model.config
     blocks = -(-len(ids) // BLOCK)
     kv = KVCacheTensors.allocate(cfg.num_layers, blocks, BLOCK, cfg.num_kv_heads, cfg.head_dim, model.compute_dtype,
                                  torch.device(device))
     table = list(range(blocks))
     for start in range(0, len(ids), CHUNK):
-        piece = ids[start:start + CHUNK]
-        batch = AttentionBatch.build([len(piece)], [start + len(piece)], [table], BLOCK, torch.device(device))
-        with torch.inference_mode():
-            hidden = model(torch.tensor(piece, device=device), torch.arange(start, start + len(piece), device=device),
-                           batch, kv)
-            yield torch.log_softmax(model.compute_logits(hidden), dim=-1)
+        parts = []
+        for first in range(start, min(start + CHUNK, len(ids)), rows_per_forward):
+            piece = ids[first:min(first + rows_per_forward, start + CHUNK)]
+            batch = AttentionBatch.build([len(piece)], [first + len(piece)], [table], BLOCK, torch.device(device))
+            with torch.inference_mode():
+                hidden = model(torch.tensor(piece, device=device),
+                               torch.arange(first, first + len(piece), device=device), batch, kv)
+                parts.append(torch.log_softmax(model.compute_logits(hidden), dim=-1))
+        yield parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 @pytest.fixture(scope="module")
@@ -66,10 +72,13 @@ def int8_model(models):
     return load_model(models[2], "float32", quantization="int8")
 
 
-def agreement(quantized: DecoderModel, dequantized: DecoderModel, ids: list[int]) -> tuple[float, float]:
-    """(mean KL(dequantized || quantized) in nats, top-1 agreement) over the positions of `ids`."""
+def agreement(quantized: DecoderModel, dequantized: DecoderModel, ids: list[int],
+              quantized_rows: int = CHUNK) -> tuple[float, float]:
+    """(mean KL(dequantized || quantized) in nats, top-1 agreement) over the positions of `ids`, the quantized
+    model run `quantized_rows` rows per forward pass."""
     kl_sum, agree = 0.0, 0
-    for q, d in zip(teacher_forced_chunks(quantized, ids), teacher_forced_chunks(dequantized, ids), strict=True):
+    for q, d in zip(teacher_forced_chunks(quantized, ids, rows_per_forward=quantized_rows),
+                    teacher_forced_chunks(dequantized, ids), strict=True):
         kl_sum += torch.nn.functional.kl_div(q, d, log_target=True, reduction="sum").item()
         agree += (q.argmax(-1) == d.argmax(-1)).sum().item()
     return kl_sum / len(ids), agree / len(ids)
@@ -81,6 +90,21 @@ def test_the_q4_1_blocks_predict_what_the_dequantized_model_predicts(models):
     assert len(ids) == TOKENS
     mean_kl, top1 = agreement(quantized.model, dequantized.model, ids)
     print(f"mean KL {mean_kl:.5f} nats, top-1 agreement {top1:.4f} over {TOKENS} tokens")
+    assert mean_kl <= 0.01 and top1 >= 0.98, (mean_kl, top1)
+
+
+@pytest.mark.usefixtures("restore_isa")
+def test_on_avx2_the_int16_products_predict_what_the_dequantized_model_predicts(models):
+    """Where the products run on AVX2, a decode step's few rows have their activations rounded to int16 per 32
+    (`auto`, quant_matmul.cpp): the same bars hold there, the quantized model run 31 rows at a time (the
+    kernel's few-row path, under quant_blocks.MANY_ROWS)."""
+    quantized, dequantized, _ = models
+    if force_isa("avx2") != "avx2" or active_activations() != "int16":
+        pytest.skip("no AVX2, or FLOTILLA_KERNEL_ACTIVATIONS overrides auto")
+    ids = quantized.tokenizer.encode(TEXT.read_text())[:TOKENS]
+    assert MANY_ROWS > 31
+    mean_kl, top1 = agreement(quantized.model, dequantized.model, ids, quantized_rows=31)
+    print(f"int16 (AVX2): mean KL {mean_kl:.6f} nats, top-1 agreement {top1:.4f} over {TOKENS} tokens")
     assert mean_kl <= 0.01 and top1 >= 0.98, (mean_kl, top1)
 
 

@@ -5,9 +5,10 @@
 // float copy of the weight (model/quant_blocks.py calls it; scripts/build_kernels.py builds it).
 // torch.ops.flotilla.kernel_isa(wanted) -> str: the instruction set the products run on, one of scalar, avx2,
 // avx512, avx512_vnni; "" reads it, a name sets it (for comparisons), or the CPU's best where it lacks that
-// one. torch.ops.flotilla.kernel_activations(wanted) -> str: the activations' form, float (the default) or
-// int8; "" reads it, a name sets it (int8 applies to Q8_0, Q4_0 and Q4_1: the k-quants have the float path
-// only and take it in either mode).
+// one. torch.ops.flotilla.kernel_activations(wanted) -> str: the activations' form, auto (the default: int16
+// where the products run on AVX2, float elsewhere), float, int8 or int16; "" reads it, a name sets it; the
+// answer is "setting:form on the instruction set in use" (the rounded forms apply to Q8_0, Q4_0 and Q4_1: the
+// k-quants have the float path only and take it in every mode).
 // torch.ops.flotilla.dequantize_blocks(blocks [rows, k/32 * block_bytes] uint8, qtype, out [rows, k] float32):
 // writes the rows' weights into out, with gguf.quants.dequantize's bits (model/quant_blocks.py's many-row
 // path decodes a tile of weights with it, then multiplies the tile by torch.mm).
@@ -40,7 +41,7 @@
 // x's (amax: of their block), plus float rounding. The integer products: vpdpbusd (VNNI) on the weights'
 // unsigned form started from a bias per activation block; vpmaddubsw (AVX2, AVX-512 without VNNI) on |w|
 // and q with w's sign; plain C++ on w.
-// Why float is the default: SmolLM2-135M's Q4_1 file, teacher-forced over 1,024 tokens of text against the
+// Why float is the default (on AVX-512; AVX2 takes int16, below): SmolLM2-135M's Q4_1 file, teacher-forced over 1,024 tokens of text against the
 // same weights dequantized to float32, agrees on the top-1 token at only 94-95 % of positions with int8
 // activations (mean KL 0.009 nats; over 2,048 tokens 95.3 %, 0.0076), where the project asks for 98 % and
 // 0.01; with float activations it is 100 % (KL 0 up to float rounding). The int8 form takes fewer vector
@@ -56,7 +57,7 @@
 // - weight rows are split over the threads of torch's OpenMP runtime, whose count torch.set_num_threads sets;
 // - activation rows go in tiles of up to kTileRows, so that each weight block is read (and decoded) once per
 //   tile;
-// - int8: x must be finite (a NaN's rounding is undefined); float: x is taken as it is; weights are taken as
+// - int8, int16: x must be finite (a NaN's rounding is undefined); float: x is taken as it is; weights are taken as
 //   they are (any fp16 scales);
 // - the path is picked at load from the CPU's features, so one build runs anywhere: AVX-512 with VNNI,
 //   AVX-512 (F, BW, VL), AVX2 (with FMA, F16C) or plain C++; FLOTILLA_KERNEL_ISA=avx512|avx2|scalar (read at
@@ -65,7 +66,7 @@
 // - dequantize_blocks computes each weight in gguf's own operations (d * q, d * (nibble - 8), d * nibble + m),
 //   so its bits are gguf's on every instruction set and thread count (rows split over the threads from 32 Ki
 //   weights); it follows kernel_isa like the products (the k-quants' have the same rules: kquant_matmul.cpp);
-// - FLOTILLA_KERNEL_ACTIVATIONS=float|int8 is read at load (another value: float, with a line on stderr);
+// - FLOTILLA_KERNEL_ACTIVATIONS=auto|float|int8|int16 is read at load (another value: auto, with a line on stderr);
 //   kernel_activations() changes it for the whole process (tests, benchmarks).
 #include <ATen/ATen.h>
 #include <c10/util/Half.h>
@@ -275,6 +276,111 @@ TARGET_AVX2 void tile_avx2(const uint8_t* w_row, const Activations& a, int64_t r
     }
   }
   for (int r = 0; r < R; ++r) y[r * y_stride] = sum_lanes_avx2(acc[r]);
+}
+
+// ---- int16 activations (Mode::int16, the default on AVX2): x rounded per block of 32 to int16, d_x = amax /
+// 32767, and each activation block times a weight block an exact integer dot product by vpmaddwd (pairs of
+// int16 products summed into int32: at most 2 * 128 * 32767 per lane and step, no overflow):
+//   Q8_0: d_w d_x sum w q,   Q4_0: d_w d_x sum (nibble - 8) q,   Q4_1: d_w d_x sum nibble q + m_w d_x sum q.
+// So the result is x' @ dequantize(blocks).T for x' within amax / 65534 of x per element (amax: of its block),
+// plus float rounding: 256 times closer to x than int8's x'. Why: on AVX2 the float path decodes each weight
+// to float (a conversion and an FMA) before its FMA with x, and is bound by those instructions, not by
+// reading memory (SmolLM2's 3072 x 576 Q4_1 layer at 7.4 GB/s on one core of the Xeon VM, AVX2 forced, where
+// a core reads 10); with int16 products it reads at 10 (docs/models.md, "Quantization").
+//   q [m, k] int16;  scale [m, k/32]: d_x;  sum [m, k/32] (Q4_1): d_x * sum(q)
+struct Activations16 {
+  int16_t* q;
+  float* scale;
+  float* sum;
+  int64_t k, blocks;
+
+  const int16_t* q_at(int64_t row, int64_t block) const { return q + row * k + block * kBlockWeights; }
+  float scale_at(int64_t row, int64_t block) const { return scale[row * blocks + block]; }
+  float sum_at(int64_t row, int64_t block) const { return sum[row * blocks + block]; }
+};
+
+// the same bits on every path: max, one division, nearest-even rounding (as round_block); a block whose scale
+// would be subnormal rounds to 0
+INLINE void round_row16(const float* x, const Activations16& a, int64_t row) {
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    const float* xb = x + b * kBlockWeights;
+    float amax = 0.f;
+    for (int64_t j = 0; j < kBlockWeights; ++j) amax = std::max(amax, std::fabs(xb[j]));
+    const float d = amax / 32767.f >= FLT_MIN ? amax / 32767.f : 0.f, inverse = d > 0.f ? 1.f / d : 0.f;
+    int16_t* q = a.q + row * a.k + b * kBlockWeights;
+    int32_t sum = 0;
+    for (int64_t j = 0; j < kBlockWeights; ++j) {
+      const int32_t v = static_cast<int32_t>(std::nearbyint(xb[j] * inverse));
+      q[j] = static_cast<int16_t>(v);
+      sum += v;
+    }
+    a.scale[row * a.blocks + b] = d;
+    if (a.sum != nullptr) a.sum[row * a.blocks + b] = d * static_cast<float>(sum);  // |sum| < 2^21: exact
+  }
+}
+
+TARGET_AVX2 void round_row16_avx2(const float* x, const Activations16& a, int64_t row) { round_row16(x, a, row); }
+void round_row16_plain(const float* x, const Activations16& a, int64_t row) { round_row16(x, a, row); }
+
+template <QType Q, int R>
+void tile16_plain(const uint8_t* w_row, const Activations16& a, int64_t r0, float* y, int64_t y_stride) {
+  float acc[R] = {};
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    const uint8_t* block = w_row + b * Layout<Q>::bytes;
+    int8_t w[kBlockWeights];
+    decode_plain<Q>(block, w);
+    const float d_w = half_plain(block), m_w = Layout<Q>::has_min ? half_plain(block + 2) : 0.f;
+    for (int r = 0; r < R; ++r) {
+      const int16_t* q = a.q_at(r0 + r, b);
+      int32_t dot = 0;
+      for (int64_t j = 0; j < kBlockWeights; ++j) dot += w[j] * q[j];
+      acc[r] += d_w * a.scale_at(r0 + r, b) * static_cast<float>(dot);
+      if constexpr (Layout<Q>::has_min) acc[r] += m_w * a.sum_at(r0 + r, b);
+    }
+  }
+  for (int r = 0; r < R; ++r) y[r * y_stride] = acc[r];
+}
+
+// the block's 32 weights as int16, in two vectors: weights 0-15, then 16-31 (Q4: the low nibbles, the high)
+template <QType Q> TARGET_AVX2 INLINE void weights16_avx2(const uint8_t* block, __m256i& first, __m256i& second) {
+  const uint8_t* quants = block + Layout<Q>::quants_at;
+  if constexpr (Q == QType::Q8_0) {
+    first = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(quants)));
+    second = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(quants + 16)));
+  } else {
+    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quants));
+    const __m128i low = _mm_set1_epi8(0x0F);
+    first = _mm256_cvtepu8_epi16(_mm_and_si128(packed, low));
+    second = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low));
+    if constexpr (Layout<Q>::offset != 0) {
+      const __m256i offset = _mm256_set1_epi16(static_cast<int16_t>(Layout<Q>::offset));
+      first = _mm256_sub_epi16(first, offset);
+      second = _mm256_sub_epi16(second, offset);
+    }
+  }
+}
+
+template <QType Q, int R>
+TARGET_AVX2 void tile16_avx2(const uint8_t* w_row, const Activations16& a, int64_t r0, float* y, int64_t y_stride) {
+  __m256 acc[R];
+  float min_acc[R] = {};
+  for (__m256& v : acc) v = _mm256_setzero_ps();
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    const uint8_t* block = w_row + b * Layout<Q>::bytes;
+    prefetch_ahead(block);
+    __m256i first, second;
+    weights16_avx2<Q>(block, first, second);
+    const float d_w = half_f16c(block);
+    for (int r = 0; r < R; ++r) {
+      const int16_t* q = a.q_at(r0 + r, b);
+      const __m256i dot = _mm256_add_epi32(
+          _mm256_madd_epi16(first, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q))),
+          _mm256_madd_epi16(second, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16))));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d_w * a.scale_at(r0 + r, b)), acc[r]);
+      if constexpr (Layout<Q>::has_min) min_acc[r] += half_f16c(block + 2) * a.sum_at(r0 + r, b);
+    }
+  }
+  for (int r = 0; r < R; ++r) y[r * y_stride] = sum_lanes_avx2(acc[r]) + min_acc[r];
 }
 
 // ---- AVX-512: two blocks per step, one in each 256-bit half (kTwo false: the odd last block, high half 0).
@@ -813,9 +919,11 @@ std::string kernel_isa(const std::string& wanted) {
   return isa_name(g_isa.load());
 }
 
-// the activations' form: float (x as it is, the default) or int8 (rounded per block of 32, as llama.cpp)
-enum class Mode : int { float32 = 0, int8 = 1 };
-constexpr std::array<const char*, 2> kModeNames = {"float", "int8"};
+// the activations' form: float (x as it is), int8 (rounded per block of 32, as llama.cpp), int16 (rounded per
+// block of 32 to int16), or auto (the default): int16 where the products run on AVX2, float elsewhere
+enum class Mode : int { float32 = 0, int8 = 1, int16 = 2, automatic = 3 };
+constexpr std::array<const char*, 4> kModeNames = {"float", "int8", "int16", "auto"};
+constexpr const char* kModeChoices = "float, int8, int16 or auto";
 
 const char* mode_name(Mode mode) { return kModeNames[static_cast<int>(mode)]; }
 
@@ -830,25 +938,34 @@ bool parse_mode(const std::string& name, Mode& mode) {
 
 Mode mode_at_load() {
   const char* wanted = std::getenv("FLOTILLA_KERNEL_ACTIVATIONS");
-  Mode mode = Mode::float32;
+  Mode mode = Mode::automatic;
   if (wanted != nullptr && *wanted != '\0' && !parse_mode(wanted, mode)) {
-    std::fprintf(stderr, "flotilla kernels: FLOTILLA_KERNEL_ACTIVATIONS=%s is neither float nor int8; using float\n",
-                 wanted);
-    mode = Mode::float32;
+    std::fprintf(stderr, "flotilla kernels: FLOTILLA_KERNEL_ACTIVATIONS=%s is none of %s; using auto\n", wanted,
+                 kModeChoices);
+    mode = Mode::automatic;
   }
   return mode;
 }
 
 std::atomic<Mode> g_mode{mode_at_load()};
 
+// the form the products take on `isa` under `mode`
+Mode effective_mode(Mode mode, Isa isa) {
+  if (mode != Mode::automatic) return mode;
+  return isa == Isa::avx2 ? Mode::int16 : Mode::float32;
+}
+
+// wanted: "" reads the setting, a name sets it; returns the setting, then ':', then the form it takes on the
+// instruction set in use ("auto:int16" on AVX2)
 std::string kernel_activations(const std::string& wanted) {
   if (!wanted.empty()) {
     Mode mode;
-    TORCH_CHECK(parse_mode(wanted, mode), "kernel_activations: '", wanted,
-                "' is neither float nor int8 (or '' to read the current one)");
+    TORCH_CHECK(parse_mode(wanted, mode), "kernel_activations: '", wanted, "' is none of ", kModeChoices,
+                " (or '' to read the current one)");
     g_mode.store(mode);
   }
-  return mode_name(g_mode.load());
+  const Mode mode = g_mode.load();
+  return std::string(mode_name(mode)) + ":" + mode_name(effective_mode(mode, g_isa.load()));
 }
 
 template <typename Rows> using TileOf = void (*)(const uint8_t* w_row, const Rows& a, int64_t r0, float* y,
@@ -878,6 +995,14 @@ template <QType Q, int R> TileOf<FloatRows> float_tile_for(Isa isa) {
 static_assert(kTileRows == 4, "tiles_for lists one tile per row count");
 template <QType Q> Tiles<Activations> tiles_for(Isa isa) {
   return {tile_for<Q, 1>(isa), tile_for<Q, 2>(isa), tile_for<Q, 3>(isa), tile_for<Q, 4>(isa)};
+}
+
+template <QType Q, int R> TileOf<Activations16> tile16_for(Isa isa) {
+  return isa == Isa::scalar ? tile16_plain<Q, R> : tile16_avx2<Q, R>;  // AVX-512 CPUs run the AVX2 tile
+}
+
+template <QType Q> Tiles<Activations16> tiles16_for(Isa isa) {
+  return {tile16_for<Q, 1>(isa), tile16_for<Q, 2>(isa), tile16_for<Q, 3>(isa), tile16_for<Q, 4>(isa)};
 }
 
 template <QType Q> Tiles<FloatRows> float_tiles_for(Isa isa) {
@@ -921,6 +1046,23 @@ template <QType Q> void run_int8(const at::Tensor& x, const uint8_t* w, at::Tens
   multiply<Q>(a, w, y.size(1), m, y.data_ptr<float>(), tiles_for<Q>(isa));
 }
 
+// int16: rounds x into one scratch buffer (one allocation per call), then multiplies
+template <QType Q> void run_int16(const at::Tensor& x, const uint8_t* w, at::Tensor& y, Isa isa) {
+  const int64_t m = x.size(0), k = x.size(1), nb = k / kBlockWeights;
+  const int64_t with_sums = Layout<Q>::has_min;
+  at::Tensor scratch = at::empty({m * nb * (1 + with_sums) * 4 + m * k * 2}, x.options().dtype(at::kByte));
+  float* scale = reinterpret_cast<float*>(scratch.data_ptr<uint8_t>());
+  float* sum = with_sums ? scale + m * nb : nullptr;
+  int16_t* q = reinterpret_cast<int16_t*>(scale + m * nb * (1 + with_sums));
+  const Activations16 a{q, scale, sum, k, nb};
+  const auto round = isa == Isa::scalar ? round_row16_plain : round_row16_avx2;
+  const at::Tensor xc = x.contiguous();
+  const float* xp = xc.data_ptr<float>();
+  #pragma omp parallel for schedule(static) if (m >= kMinParallelRows)
+  for (int64_t r = 0; r < m; ++r) round(xp + r * k, a, r);
+  multiply<Q>(a, w, y.size(1), m, y.data_ptr<float>(), tiles16_for<Q>(isa));
+}
+
 // float: multiplies x as it is (no scratch)
 template <QType Q> void run_float(const at::Tensor& x, const uint8_t* w, at::Tensor& y, Isa isa) {
   const at::Tensor xc = x.contiguous();
@@ -929,8 +1071,11 @@ template <QType Q> void run_float(const at::Tensor& x, const uint8_t* w, at::Ten
 }
 
 template <QType Q> void run(const at::Tensor& x, const uint8_t* w, at::Tensor& y, Isa isa, Mode mode) {
-  if (mode == Mode::int8) run_int8<Q>(x, w, y, isa);
-  else run_float<Q>(x, w, y, isa);
+  switch (effective_mode(mode, isa)) {
+    case Mode::int8: run_int8<Q>(x, w, y, isa); break;
+    case Mode::int16: run_int16<Q>(x, w, y, isa); break;
+    default: run_float<Q>(x, w, y, isa); break;
+  }
 }
 
 // a type's block: its weights (32, or 256 for the k-quants of kquant_matmul.cpp) and its bytes
