@@ -106,9 +106,12 @@ bench-docs:
 	@test ! -f $(BENCH_OUT)/prefix_routing.json || cp $(BENCH_OUT)/prefix_routing.json $(BENCH_OUT)/prefix_routing.png docs/bench/
 	@test ! -f $(BENCH_OUT)/pool.json || cp $(BENCH_OUT)/pool.json $(BENCH_OUT)/pool.png docs/bench/
 
-# sim: the fleet-scale run of docs/simulation.md (1,000 models, 10,000 GPUs, one day, six policies); not a test
-sim: setup
+# sim: the fleet-scale run of docs/simulation.md (1,000 models, 10,000 GPUs, one day); not a test. Then the SLO
+# loop of e2e/test_slo_cycle.py with 3 minutes of steady load (make test runs the same test for 60 s).
+sim: setup tools
 	$(VENV)/bin/flotilla-sim fleet --trace conv --models 1000 --gpus 10000 --tick-s 15 --interval-s 60 --jobs 3 --out docs/sim
+	@export PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY_CACHE); \
+	  FLOTILLA_SLO_E2E_S=180 $(VENV)/bin/pytest e2e/test_slo_cycle.py -s -p no:cacheprovider
 
 generate: setup
 	$(PY) -m flotilla_operator.generate

@@ -18,6 +18,7 @@ from typing import Any
 
 from flotilla_operator import types
 from flotilla_operator.handlers.autoscale import scaling_spec
+from flotilla_operator.slo_status import slo_targets
 from flotilla_sim.agreement import Agreement, compare
 from flotilla_sim.replay import E2EScenario, replay
 
@@ -55,7 +56,7 @@ def scenario(model: dict[str, Any], **measured: Any) -> E2EScenario:
     """The simulator's scenario from the InferenceModel object (as the operator parses it) and the measured figures."""
     spec = types.parse_spec(model["spec"])
     return E2EScenario(scaling_spec(spec), spec.server.max_num_seqs, spec.server.queue_depth_per_slot,
-                       float(spec.server.queue_timeout_seconds), **measured)
+                       float(spec.server.queue_timeout_seconds), slo=slo_targets(spec), **measured)
 
 
 HELD_TICKS = 2  # the agreement's moment tolerance, in intervals

@@ -37,6 +37,13 @@ MODEL_LIST_SKIPPED = "flotilla_model_list_skipped"  # gauge: entries whose sourc
 
 GATEWAY_REQUESTS_HELD = "flotilla_gateway_requests_held"  # the autoscaler's pending demand P
 
+# Latency histograms the SLO scaler reads (docs/autoscaling.md, "SLO scaling"). Their buckets are part of the
+# contract: the operator's targets must fall inside them, and flotilla-sim emulates histogram_quantile on them.
+TIME_TO_FIRST_TOKEN_SECONDS = "flotilla_time_to_first_token_seconds"  # arrival to first token, per request
+INTER_TOKEN_LATENCY_SECONDS = "flotilla_inter_token_latency_seconds"  # gap between successive tokens, per token
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+
 MODEL_LABEL = "model"  # every server and gateway series carries the served model name
 MODEL_NAMESPACE_LABEL = "model_namespace"  # gateway series: the InferenceModel's namespace
 

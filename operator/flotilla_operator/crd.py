@@ -7,6 +7,7 @@ module rewrites one into the other; nothing is edited by hand afterwards.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +42,8 @@ def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         if isinstance(node.get(key), int | float) and not isinstance(node.get(key), bool):
             node[bound.lower()] = node[key]
             node[key] = True
-    out: dict[str, Any] = {key: node[key] for key in KEPT_KEYS if key in node}
+    # copies: a model referenced twice must not share lists with itself, or YAML would write anchors
+    out: dict[str, Any] = {key: copy.deepcopy(node[key]) for key in KEPT_KEYS if key in node}
     if "properties" in node:
         out["type"] = "object"
         out["properties"] = {}

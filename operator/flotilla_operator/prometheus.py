@@ -61,9 +61,14 @@ def batch_parts(selector: str) -> list[tuple[str, str]]:
     return [("waiting_batch", f"sum({WAITING_BY_CLASS}{batch})"), ("running_batch", f"sum({RUNNING_BY_CLASS}{batch})")]
 
 
+def model_selector(namespace: str, model: str) -> str:
+    """The label matcher of one model's server series: `{namespace="...",model="..."}`."""
+    return f'{{namespace="{_label_value(namespace)}",model="{_label_value(model)}"}}'
+
+
 def pool_query(namespace: str, model: str) -> str:
     """One PromQL expression evaluating every sum at the same instant, each tagged `part`."""
-    selector = f'{{namespace="{_label_value(namespace)}",model="{_label_value(model)}"}}'
+    selector = model_selector(namespace, model)
     # gateway series carry the model's namespace as model_namespace (`namespace` is the gateway's own)
     held_selector = f'{{model_namespace="{_label_value(namespace)}",model="{_label_value(model)}"}}'
     parts = [

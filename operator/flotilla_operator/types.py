@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from flotilla_contract import classes as request_classes
 from flotilla_contract import flags as server_flags
+from flotilla_contract import metrics as server_metrics
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -272,6 +273,69 @@ class ScalingSpec(ApiModel):
         ge=0,
         le=1,
     )
+
+
+TTFT_CEILING_S = server_metrics.LATENCY_BUCKETS_S[-1]  # the TTFT histogram's top finite bucket
+TPOT_CEILING_S = server_metrics.ITL_BUCKETS_S[-1]  # the inter-token histogram's top finite bucket
+DEFAULT_SLO_PERCENTILE = 0.9
+
+
+_SLO_MEASURES = {
+    "ttft": "time to first token, per request (flotilla_time_to_first_token_seconds)",
+    "tpot": "time per output token: the gap between successive tokens, per token (flotilla_inter_token_latency_seconds)",
+}
+
+
+def _slo_target(name: str, ceiling_s: float) -> Any:
+    return Field(
+        None,
+        description=f"{name}Seconds is the target for the {_SLO_MEASURES[name]}: its {name}Percentile must stay at "
+        f"or under it. Above 0 and at most {ceiling_s:g} (the servers' histogram cannot tell a percentile above its "
+        "top bucket apart from it, so a higher target could never be seen missed).",
+        gt=0,
+        le=ceiling_s,
+    )
+
+
+def _slo_percentile(name: str) -> Any:
+    return Field(
+        DEFAULT_SLO_PERCENTILE,
+        description=f"{name}Percentile is the percentile {name}Seconds bounds, as a fraction strictly between 0 "
+        "and 1 (0.9: the p90).",
+        gt=0,
+        lt=1,
+    )
+
+
+class SloSpec(ApiModel):
+    """A latency objective the autoscaler holds beside its queue-depth rule (docs/autoscaling.md, "SLO scaling")."""
+
+    model_config = ConfigDict(
+        json_schema_extra=rules(
+            ("has(self.ttftSeconds) || has(self.tpotSeconds)",
+             "slo must set ttftSeconds, tpotSeconds or both; remove slo to scale on queue depth alone"),
+        )
+    )
+
+    ttft_seconds: float | None = _slo_target("ttft", TTFT_CEILING_S)
+    ttft_percentile: float = _slo_percentile("ttft")
+    tpot_seconds: float | None = _slo_target("tpot", TPOT_CEILING_S)
+    tpot_percentile: float = _slo_percentile("tpot")
+    window_seconds: int = Field(
+        60,
+        description="windowSeconds is how far back the percentiles are measured (the rate window of the servers' "
+        "histograms in Prometheus). It must span at least two of Prometheus' scrapes; until it does, the "
+        "autoscaler holds and says so.",
+        ge=2,
+        le=3600,
+    )
+
+    @model_validator(mode="after")
+    def _some_target(self) -> SloSpec:
+        """What the CEL rule refuses, for specs that did not pass through the API server."""
+        if self.ttft_seconds is None and self.tpot_seconds is None:
+            raise ValueError("slo must set ttftSeconds, tpotSeconds or both; remove slo to scale on queue depth alone")
+        return self
 
 
 class Toleration(ApiModel):
@@ -559,6 +623,11 @@ class InferenceModelSpec(ApiModel):
                 "!has(self.adapters) || self.adapters.all(a, self.adapters.exists_one(b, b.name == a.name))",
                 "adapters[].name must be unique within the model",
             ),
+            (
+                "!has(self.slo) || !has(self.pool) || self.placement.policy != 'cost-first'",
+                "slo needs the model's own Deployment: a cost-first model that names a pool is scaled by its "
+                "ModelPool; remove slo or pool, or use latency-first",
+            ),
         )
     )
 
@@ -571,6 +640,11 @@ class InferenceModelSpec(ApiModel):
         1, description="replicas is the desired replica count; the autoscaler (or kubectl scale) writes it.", ge=0
     )
     scaling: ScalingSpec = Field(default_factory=ScalingSpec, description="scaling bounds and paces the autoscaler.")
+    slo: SloSpec | None = Field(
+        None,
+        description="slo sets latency targets (time to first token, time per output token) that the autoscaler "
+        "scales on beside queue depth, the larger recommendation winning (docs/autoscaling.md, \"SLO scaling\").",
+    )
     placement: PlacementSpec = Field(default_factory=PlacementSpec, description="placement decides where replicas run.")
     server: ServerSpec = Field(default_factory=ServerSpec, description="server tunes flotilla-server in each replica.")
     cold_start: ColdStartSpec = Field(
@@ -606,6 +680,14 @@ class InferenceModelSpec(ApiModel):
             raise ValueError("adapters[].name must be unique within the model")
         return self
 
+    @model_validator(mode="after")
+    def _slo_not_pooled(self) -> InferenceModelSpec:
+        """What the CEL rule on slo and pool refuses, for specs that did not pass through the API server."""
+        if self.slo is not None and self.pool is not None and self.placement.policy == "cost-first":
+            raise ValueError("slo needs the model's own Deployment: a cost-first model that names a pool is scaled "
+                             "by its ModelPool; remove slo or pool, or use latency-first")
+        return self
+
 
 class Condition(ApiModel):
     type: str = Field(description="type is Ready, Progressing, Degraded or ScalingActive.")
@@ -621,6 +703,34 @@ class Recommendation(ApiModel):
     replicas: int = Field(description="replicas the autoscaler recommended then.", ge=0)
 
 
+class SloScalerStatus(ApiModel):
+    recommendations: list[Recommendation] = Field(
+        default_factory=list, description="recommendations of the SLO scaler within the scale-down window.")
+    ready_replicas: int | None = Field(None, description="readyReplicas seen at the SLO scaler's last decision.")
+    ready_grew_at: str | None = Field(
+        None, description="readyGrewAt is when ready replicas last grew; the next scale-up waits one window after it.")
+    scaled_down_at: str | None = Field(
+        None, description="scaledDownAt is when the SLO scaler last shed replicas; the next waits one window after it.")
+
+
+class SloStatus(ApiModel):
+    ttft_seconds: float | None = Field(
+        None, description="ttftSeconds is the measured TTFT at spec.slo.ttftPercentile over the window.")
+    ttft_attainment: float | None = Field(
+        None, description="ttftAttainment is the share of the window's requests whose TTFT was within "
+        "spec.slo.ttftSeconds, read from the histogram's buckets.")
+    tpot_seconds: float | None = Field(
+        None, description="tpotSeconds is the measured inter-token gap at spec.slo.tpotPercentile over the window.")
+    tpot_attainment: float | None = Field(
+        None, description="tpotAttainment is the share of the window's output tokens that came within "
+        "spec.slo.tpotSeconds of the one before.")
+    requests: float | None = Field(None, description="requests is how many first tokens the window holds.")
+    window_seconds: int | None = Field(None, description="windowSeconds is the window the figures cover.")
+    signal: float | None = Field(
+        None, description="signal is the worse of measured over target for TTFT and TPOT (1: exactly on target).")
+    observed_at: str | None = Field(None, description="observedAt is when the figures were read (RFC 3339).")
+
+
 class AutoscalerStatus(ApiModel):
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
 
@@ -632,6 +742,13 @@ class AutoscalerStatus(ApiModel):
     recommendations: list[Recommendation] = Field(
         default_factory=list, description="recommendations within the stabilization window; they survive operator restarts."
     )
+
+
+class ModelAutoscalerStatus(AutoscalerStatus):
+    """An InferenceModel's autoscaler status: a ModelPool's, plus the SLO scaler's memory."""
+
+    slo: SloScalerStatus | None = Field(
+        None, description="slo is the SLO scaler's memory, when spec.slo is set; it survives operator restarts too.")
 
 
 class AdapterStatus(ApiModel):
@@ -654,7 +771,9 @@ class InferenceModelStatus(ApiModel):
     endpoint: str | None = Field(None, description="endpoint is the in-cluster URL of the OpenAI API.")
     selector: str | None = Field(None, description="selector is the pods' label selector (for the scale subresource).")
     conditions: list[Condition] = Field(default_factory=list, description="conditions: Ready, Progressing, Degraded, ScalingActive.")
-    autoscaler: AutoscalerStatus | None = Field(None, description="autoscaler is written by the autoscaler only.")
+    autoscaler: ModelAutoscalerStatus | None = Field(None, description="autoscaler is written by the autoscaler only.")
+    slo: SloStatus | None = Field(
+        None, description="slo is the latency measured against spec.slo over its window, at the last decision.")
     pool: str | None = Field(None, description="pool is the ModelPool serving this model, when it joined one.")
     resident_pods: list[str] = Field(
         default_factory=list, description="residentPods are the pool pods holding this model loaded now (pooled models only)."

@@ -1,4 +1,4 @@
-"""`flotilla-sim`: run the six policies on a fleet day, on a trace file, or write a synthetic trace.
+"""`flotilla-sim`: run the policies on a fleet day, on a trace file, or write a synthetic trace.
 
   flotilla-sim fleet --models 1000 --gpus 10000 --out docs/sim     one Azure-trace day, fluid mode
   flotilla-sim trace FILE --fidelity request --out /tmp/sim         a trace file (docs/simulation.md)
@@ -21,10 +21,12 @@ from pathlib import Path
 
 import numpy as np
 from flotilla_contract.one_line_parser import OneLineParser
+from flotilla_operator.slo_scaler import SloTargets
 
 from flotilla_sim import adapters, experiment, policies, report, request_level, workload
 from flotilla_sim.errors import InputError
 from flotilla_sim.server_model import ServerProfile, fit_bench, roofline
+from flotilla_sim.slo_policies import DEFAULT_SLO
 
 # --- argument types: the parser refuses a value out of range before anything runs -----------------------
 
@@ -70,6 +72,23 @@ def policy_names(text: str) -> tuple[str, ...]:
     return names
 
 
+def percentile(text: str) -> float:
+    """A percentile as a fraction: strictly between 0 and 1 (0.9 is the p90)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be a fraction strictly between 0 and 1 (0.9 for the p90), not {text!r}")
+    return value
+
+
+def slo_targets(args: argparse.Namespace) -> SloTargets:
+    """The SLO the two SLO policies hold, from --slo-ttft-s, --slo-tpot-s and --slo-percentile."""
+    return SloTargets(ttft_s=args.slo_ttft_s, tpot_s=args.slo_tpot_s, ttft_percentile=args.slo_percentile,
+                      tpot_percentile=args.slo_percentile, window_s=DEFAULT_SLO.window_s)
+
+
 def server_profile(text: str) -> ServerProfile:
     """'roofline', or a directory of flotilla-bench JSON to fit (server_model.fit_bench)."""
     if text == "roofline":
@@ -113,7 +132,7 @@ def cmd_fleet(args: argparse.Namespace) -> None:
     out = _out_dir(args.out)
     base = workload.read_azure(args.trace)
     scenario = experiment.fleet_scenario(base, args.models, args.gpus, args.tick_s, args.interval_s,
-                                         args.profile, args.seed, args.trace)
+                                         args.profile, args.seed, args.trace, slo_targets(args))
     print(f"{scenario.notes['requests']:,.0f} requests over {args.models} models, rate x{scenario.notes['rate_scale']:.1f}",
           file=sys.stderr)
     results = experiment.run_policies(scenario, args.policies, show_progress=not args.quiet,
@@ -138,13 +157,14 @@ def cmd_trace(args: argparse.Namespace) -> None:
     names = _request_level(args.policies) if args.fidelity == "request" else args.policies
     out = _out_dir(args.out)
     trace = workload.read_trace(args.file)
+    slo = slo_targets(args)
     notes = {"trace": str(args.file), "requests": len(trace), "fidelity": args.fidelity,
-             "autoscale_interval_s": args.interval_s}
+             "autoscale_interval_s": args.interval_s, "slo": experiment.slo_notes(slo)}
     if args.fidelity == "request":
-        results = {n: request_level.run_policy(trace, args.profile, n, args.interval_s) for n in names}
+        results = {n: request_level.run_policy(trace, args.profile, n, args.interval_s, slo=slo) for n in names}
     else:
         work = workload.bin_trace(trace, args.tick_s)
-        scenario = experiment.Scenario(Path(args.file).stem, work, args.profile, args.interval_s, notes)
+        scenario = experiment.Scenario(Path(args.file).stem, work, args.profile, args.interval_s, notes, slo)
         results = experiment.run_policies(scenario, args.policies, show_progress=not args.quiet,
                                           jobs=min(args.jobs, len(args.policies)))
     _finish(results, notes, args.profile.source, out, f"{Path(args.file).stem}-{args.fidelity}", started)
@@ -204,6 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--quiet", action="store_true", help="no progress bar")
     common.add_argument("--jobs", type=positive_int, default=1,
                         help="policies run in this many processes (fluid mode; 1 or more)")
+    common.add_argument("--slo-ttft-s", type=positive_float, default=DEFAULT_SLO.ttft_s,
+                        help="the slo and llm-d policies' TTFT target, seconds (above 0)")
+    common.add_argument("--slo-tpot-s", type=positive_float, default=DEFAULT_SLO.tpot_s,
+                        help="their time-per-output-token target, seconds (above 0)")
+    common.add_argument("--slo-percentile", type=percentile, default=DEFAULT_SLO.ttft_percentile,
+                        help="the percentile both targets bound, between 0 and 1 (0.9: the p90)")
     fleet = sub.add_parser("fleet", parents=[common], help="a day of an Azure trace over a Zipf catalogue",
                            description="A day of an Azure LLM inference trace 2023 (shipped with flotilla-sim; "
                                        "$FLOTILLA_TRACES names another directory) over a Zipf catalogue.")

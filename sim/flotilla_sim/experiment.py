@@ -1,4 +1,4 @@
-"""Scenarios: build a workload, size the fleet, and run the six policies side by side.
+"""Scenarios: build a workload, size the fleet, and run the policies side by side.
 
 Sizing rule (docs/simulation.md, "Fleet day"): the rate is scaled so that static provisioning at peak
 needs exactly the fleet's GPUs; every other policy is then judged on the same arrivals.
@@ -11,11 +11,14 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+from flotilla_operator.autoscaler import LATENCY_FIRST, ScalingSpec
+from flotilla_operator.slo_scaler import SloTargets
 
 from flotilla_sim import fluid, policies
 from flotilla_sim.pool import PoolController
 from flotilla_sim.progress import Progress
 from flotilla_sim.server_model import ServerProfile, service_s
+from flotilla_sim.slo_policies import DEFAULT_SLO, LlmdController, SloController
 from flotilla_sim.workload import Binned, Trace, expected_day, fleet_day
 
 PEAK_WINDOW_S = 60.0  # static provisioning plans for the peak of each model's 1-minute mean rate
@@ -47,9 +50,15 @@ def rate_scale_for(base: Trace, num_models: int, fleet_gpus: int, tick_s: float,
     return high
 
 
-def controller_for(policy: str, work: Binned, profile: ServerProfile, interval_s: float):
+def controller_for(policy: str, work: Binned, profile: ServerProfile, interval_s: float,
+                   slo: SloTargets = DEFAULT_SLO):
     """The controller of `policy` and the replicas each model starts the run with (ready)."""
     models = work.arrivals.shape[1]
+    if policy == policies.SLO:  # a latency-first InferenceModel with spec.slo, scaled by its SLO alone
+        spec = ScalingSpec(1, policies.MAX_REPLICAS, LATENCY_FIRST)
+        return SloController(spec, slo, models, profile.slots), np.ones(models)
+    if policy == policies.LLMD:
+        return LlmdController(slo, models), np.ones(models)
     if policy == policies.LATENCY:
         spec = policies.operator_spec(policy)
         return policies.OperatorController(spec, models, profile.slots, wakes=False), np.ones(models)
@@ -75,11 +84,12 @@ class Scenario:
     profile: ServerProfile
     interval_s: float
     notes: dict
+    slo: SloTargets = DEFAULT_SLO  # what the SLO policies hold
 
 
 def run_one(scenario: Scenario, name: str, progress: Progress | None = None) -> dict:
     started = time.monotonic()
-    controller, initial = controller_for(name, scenario.work, scenario.profile, scenario.interval_s)
+    controller, initial = controller_for(name, scenario.work, scenario.profile, scenario.interval_s, scenario.slo)
     config = fluid.FluidConfig(interval_s=scenario.interval_s)
     result = fluid.run(scenario.work, scenario.profile, controller, initial, policies.node_pool(name), config, progress)
     result["wall_s"] = time.monotonic() - started
@@ -103,10 +113,16 @@ def run_policies(scenario: Scenario, names: tuple[str, ...] = policies.ALL, show
 
 
 def fleet_scenario(base: Trace, num_models: int, fleet_gpus: int, tick_s: float, interval_s: float,
-                   profile: ServerProfile, seed: int, trace_name: str) -> Scenario:
+                   profile: ServerProfile, seed: int, trace_name: str, slo: SloTargets = DEFAULT_SLO) -> Scenario:
     scale = rate_scale_for(base, num_models, fleet_gpus, tick_s, profile)
     work = fleet_day(base, num_models, tick_s, scale, np.random.default_rng(seed))
     notes = {"trace": trace_name, "models": num_models, "fleet_gpus": fleet_gpus, "rate_scale": scale,
              "seed": seed, "tick_s": tick_s, "autoscale_interval_s": interval_s,
-             "requests": float(work.arrivals.sum())}
-    return Scenario(f"fleet-day-{trace_name}", work, profile, interval_s, notes)
+             "requests": float(work.arrivals.sum()), "slo": slo_notes(slo)}
+    return Scenario(f"fleet-day-{trace_name}", work, profile, interval_s, notes, slo)
+
+
+def slo_notes(slo: SloTargets) -> dict:
+    """The SLO the SLO policies held, as the run's JSON records it."""
+    return {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s, "ttft_percentile": slo.ttft_percentile,
+            "tpot_percentile": slo.tpot_percentile, "window_s": slo.window_s}

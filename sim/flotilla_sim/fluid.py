@@ -13,7 +13,10 @@ numbers. Per tick, per model (docs/simulation.md, "Fluid mode"):
   from a hold adds its wait there;
 - a pod is ready start_s after it is created; scale-down removes starting pods first (as a ReplicaSet
   does), so ready(t) = min of replicas over [t - start_s, t];
-- every `interval_s`, the controller (policies.py, pool.py) sees R, Q, held and pods, and sets replicas.
+- every `interval_s`, the controller (policies.py, pool.py, slo_policies.py) sees R, Q, held and pods, and
+  sets replicas; an SLO controller also sees the servers' latency histograms over its window (latency.py):
+  each tick's TTFTs at their quantile points, and one inter-token gap per model, the tick's decode step,
+  weighted by the tokens decoded in it (running x tick / step).
 GPU-seconds count every created pod, ready or not.
 """
 
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from flotilla_sim.latency import TickWindow
 from flotilla_sim.policies import Metrics
 from flotilla_sim.progress import Progress
 from flotilla_sim.server_model import ServerProfile, service_s
@@ -59,6 +63,8 @@ def run(work: Binned, profile: ServerProfile, controller, initial: np.ndarray, n
     held_since = np.full(models, np.nan)
     cold_since = np.full(models, np.nan)  # a wake whose first ready pod has not come yet
     tally = Tally()
+    latency = TickWindow(models, dt, controller.window_s) if getattr(controller, "needs_latency", False) else None
+    records = latency is not None and hasattr(controller, "record")  # a recording rule evaluated every tick
     every = max(round(config.interval_s / dt), 1)
     timeline_every = max(round(config.timeline_every_s / dt), 1)
     for t in range(ticks):
@@ -137,12 +143,18 @@ def run(work: Binned, profile: ServerProfile, controller, initial: np.ndarray, n
         some = weights > 0
         tally.ttft.add(ttft[some], weights[some])
         tally.e2e.add(e2e[some], weights[some])
+        if latency is not None:
+            latency.add_tick(ttft, weights, decode_step, running * dt / np.maximum(decode_step, 1e-12))
+            if records:
+                controller.record(now + dt, Metrics(running, queue, held, n.copy(), np.floor(ready).astype(np.int64),
+                                                    woken_at, latency=latency.view()))
         tally.gpu_s += float(np.sum(pods)) * dt
         if t % timeline_every == 0:
             tally.timeline_s.append(now)
             tally.timeline_replicas.append(float(np.sum(pods)))
         if (t + 1) % every == 0:
-            seen = Metrics(running, queue, held, n.copy(), np.floor(ready).astype(np.int64), woken_at)
+            seen = Metrics(running, queue, held, n.copy(), np.floor(ready).astype(np.int64), woken_at,
+                           latency=latency.view() if latency is not None else None)
             if pooled:
                 controller.decide(now + dt, seen)
             else:

@@ -1,10 +1,10 @@
-"""The six policies compared, each a controller from per-model metrics to per-model replicas.
+"""The policies compared, each a controller from per-model metrics to per-model replicas.
 
-Flotilla's three call the operator's own `decide` (flotilla_operator.autoscaler) once per model per
-autoscaler tick, and `render_placement` (flotilla_operator.placement) for the node pool each runs on;
-nothing of theirs is re-implemented here. The peers' formulas (KubeAI, KEDA, static) are not ours to
-import, so they are written here, vectorised, as their documentation states them (docs/simulation.md,
-"Policies"). The shared pool's controller lives in pool.py.
+Flotilla's three queue-depth policies call the operator's own `decide` (flotilla_operator.autoscaler) once
+per model per autoscaler tick, and `render_placement` (flotilla_operator.placement) for the node pool each
+runs on; nothing of theirs is re-implemented here. The peers' formulas (KubeAI, KEDA, static) are not ours
+to import, so they are written here, vectorised, as their documentation states them (docs/simulation.md,
+"Policies"). The shared pool's controller lives in pool.py, the two SLO policies' in slo_policies.py.
 """
 
 from __future__ import annotations
@@ -26,13 +26,17 @@ from flotilla_operator.autoscaler import (
 from flotilla_operator.placement import SPOT_TOLERATIONS, render_placement
 from flotilla_operator.types import PlacementSpec
 
+from flotilla_sim.latency import LatencyView
+
 LATENCY = "latency-first"
 COST_ZERO = "cost-first-zero"
 COST_POOL = "cost-first-pool"
 KUBEAI = "kubeai"
 KEDA = "keda"
 STATIC = "static-peak"
-ALL = (LATENCY, COST_ZERO, COST_POOL, KUBEAI, KEDA, STATIC)
+SLO = "slo"  # Flotilla's SLO scaler alone (flotilla_operator.slo_scaler)
+LLMD = "llm-d"  # llm-d's SLO-aware KEDA rule
+ALL = (LATENCY, COST_ZERO, COST_POOL, KUBEAI, KEDA, STATIC, SLO, LLMD)
 
 # No ceiling that binds: a Zipf head model of a 10,000-GPU fleet needs more than the CRD's maxReplicas
 # ceiling (1,000) allows, and the comparison is about the policies, not that limit (docs/simulation.md).
@@ -55,11 +59,12 @@ class Metrics:
     ready: np.ndarray
     woken_at_s: np.ndarray  # NaN where never woken
     reporting: np.ndarray | None = None  # replicas in Prometheus (as of the scrape); None: the ready ones
+    latency: LatencyView | None = None  # the servers' latency histograms over the window, for the SLO policies
 
 
 def node_pool(policy: str) -> str:
     """Where the policy's pods run, read from the operator's placement: spot when it tolerates spot taints."""
-    operator_policy = LATENCY_FIRST if policy in (LATENCY, STATIC) else COST_FIRST
+    operator_policy = LATENCY_FIRST if policy in (LATENCY, STATIC, SLO) else COST_FIRST
     placement = render_placement(PlacementSpec(policy=operator_policy), {"app": "sim"}, gpus=1)
     return "spot" if any(t in placement.tolerations for t in SPOT_TOLERATIONS) else "dedicated"
 

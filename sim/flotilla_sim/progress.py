@@ -1,4 +1,4 @@
-"""A progress bar on stderr for long runs: a fleet day of six policies takes minutes.
+"""A progress bar on stderr for long runs: a fleet day of every policy takes minutes.
 
 It draws only on a terminal (or when forced), so tests and CI logs stay clean.
 """

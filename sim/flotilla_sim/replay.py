@@ -10,7 +10,8 @@ The load is e2e/load.py's closed loop: `clients` workers each send one request o
 tokens to a random ready replica (the load generator plays a Service, not the gateway), send the next
 as soon as it is answered, pause min(Retry-After, 1 s) after a 429, and send nothing after `stop_s`.
 The autoscaler ticks when the real operator did (its kopf timer drifts by each decision's duration),
-and sees what Prometheus held `scrape_lag_s` before each tick. The server model is the run's own: a flat
+and sees what Prometheus held `scrape_lag_s` before each tick; with `slo` (the model's spec.slo), the
+operator's SLO scaler decides beside the queue-depth rule on the latency histograms of that moment. The server model is the run's own: a flat
 engine step that follows the run's measured mean step over time (on a shared CPU it changes several-fold
 while new replicas import torch beside the busy one).
 """
@@ -23,10 +24,12 @@ from dataclasses import dataclass
 
 import numpy as np
 from flotilla_operator.autoscaler import ScalingSpec
+from flotilla_operator.slo_scaler import SloTargets
 
 from flotilla_sim.policies import OperatorController
 from flotilla_sim.request_level import ARRIVAL, STEP_DONE, Replica, RequestSim
 from flotilla_sim.server_model import ServerProfile
+from flotilla_sim.slo_policies import SloController
 
 RETRY_PAUSE_CAP_S = 1.0  # e2e/load.py: a 429 pauses its worker for Retry-After, at most 1 s
 PROMPT_TOKENS = 12  # e2e/load.py's prompt, about a dozen tokens; a flat step makes its length moot
@@ -49,6 +52,7 @@ class E2EScenario:
     max_tokens: int = 0
     stop_s: float = 0.0  # the load generator sends nothing after this
     seed: int = 0
+    slo: SloTargets | None = None  # spec.slo: the SLO scaler decides beside the queue depth, as in the operator
 
     def profile(self, step_s: float) -> ServerProfile:
         return ServerProfile(
@@ -75,7 +79,8 @@ class ClosedLoopSim(RequestSim):
 
     def __init__(self, scenario: E2EScenario) -> None:
         self.scenario = scenario
-        controller = OperatorController(scenario.spec, 1, scenario.slots, wakes=False)
+        controller = (OperatorController(scenario.spec, 1, scenario.slots, wakes=False) if scenario.slo is None else
+                      SloController(scenario.spec, scenario.slo, 1, scenario.slots, queue=True))
         steps = scenario.steps_s or ((0.0, 0.0),)
         self.step_times_s = [t for t, _ in steps]
         self.profiles = [scenario.profile(step_s) for _, step_s in steps]

@@ -1,4 +1,5 @@
-"""Outputs of a run: JSON (everything), PNG (replicas over time; cost against SLO), a Markdown table.
+"""Outputs of a run: JSON (everything), PNG (replicas over time; cost against SLO, at each TTFT target and
+per policy at the named one), a Markdown table.
 
 Every output names its server profile's `source`, so a roofline figure is always labelled a model.
 The verdict (which policy wins at which SLO, by how much in GPU-hours) is computed here from the
@@ -78,20 +79,29 @@ def plot(results: dict, path: Path, title: str, source: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    fig, (left, right, named) = plt.subplots(1, 3, figsize=(19, 5.5))
+    key = f"{NAMED_SLO_TTFT_S:g}"
     for name, r in results.items():
         hours = [t / 3600 for t in r["replicas"]["time_s"]]
-        left.plot(hours, r["replicas"]["total"], label=name, linewidth=1)
+        line, = left.plot(hours, r["replicas"]["total"], label=name, linewidth=1)
         targets = list(SLO_TTFT_TARGETS_S)
         right.plot([r["slo_attainment"][f"{t:g}"] for t in targets], [r["gpu_hours"]] * len(targets),
                    marker="o", label=name)
         for t in targets:
             right.annotate(f"{t:g}s", (r["slo_attainment"][f"{t:g}"], r["gpu_hours"]), fontsize=7,
                            textcoords="offset points", xytext=(2, 4))
+        # one point per policy: its cost against the share of requests that missed the named SLO
+        missed = max(1.0 - r["slo_attainment"][key], 1e-5)
+        named.scatter([missed], [r["gpu_hours"]], color=line.get_color(), s=40)
+        named.annotate(name, (missed, r["gpu_hours"]), fontsize=8, textcoords="offset points", xytext=(4, 3))
     left.set(xlabel="hour", ylabel="replicas (GPUs), log scale", title="replicas over time", yscale="log")
-    right.set(xlabel="share of requests with TTFT within the target (labelled)", ylabel="GPU-hours",
-              title="cost against SLO")
+    right.set(xlabel="share of requests with TTFT within the target (labelled)", ylabel="GPU-hours, log scale",
+              title="cost against SLO", yscale="log")
     right.axvline(0.99, color="grey", linestyle=":", linewidth=1)
+    named.set(xlabel=f"share of requests missing TTFT <= {key} s (log; left is better)", xscale="log",
+              ylabel="GPU-hours, log scale (lower is better)", yscale="log",
+              title=f"GPU-hours against SLO attainment (TTFT <= {key} s)")
+    named.axvline(1 - WIN_ATTAINMENT, color="grey", linestyle=":", linewidth=1)
     left.legend(fontsize=8)
     right.legend(fontsize=8)
     fig.suptitle(f"{title}\n{source}", fontsize=9)

@@ -13,7 +13,9 @@ Rules (each the real component's, simplified where docs/simulation.md says so):
   prompts in that step (their first token) and decodes one token for each running request;
 - at every autoscaler tick the policy's controller sets the replicas from metrics scraped
   `scrape_lag_s` earlier (Prometheus' lag; 0 by default); scale-down removes starting replicas
-  first, then the least-loaded ready ones, which finish what they hold before they go.
+  first, then the least-loaded ready ones, which finish what they hold before they go;
+- an SLO controller also sees the latency histograms over its window as of that scrape (latency.py): each
+  first token's TTFT, and each decoded token's gap (its step's duration).
 """
 
 from __future__ import annotations
@@ -25,10 +27,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from flotilla_gateway.routing import PodView, choose
+from flotilla_operator.slo_scaler import SloTargets
 
 from flotilla_sim import experiment, policies
 from flotilla_sim.fluid import HOLD_CAPACITY, MAX_WAIT_S
+from flotilla_sim.latency import EventWindow
 from flotilla_sim.server_model import ServerProfile
+from flotilla_sim.slo_policies import DEFAULT_SLO
 from flotilla_sim.stats import Tally
 from flotilla_sim.workload import Trace, bin_trace
 
@@ -76,6 +81,7 @@ class RequestSim:
                 self._create(m, ready_s=initial_ready_s)
         for rid in range(len(trace)):
             self._push(float(trace.arrival_s[rid]), ARRIVAL, rid)
+        self.latency = EventWindow(self.models, controller.window_s) if getattr(controller, "needs_latency", False) else None
         self.scrapes: dict[float, tuple] = {}  # tick time -> what Prometheus held for that tick
         self.before_start = self._scrape()  # what a tick scraping before 0 sees
 
@@ -206,8 +212,12 @@ class RequestSim:
             if left < 0:  # its prefill ran in this step: the first token
                 self.tally.ttft.add(self.now - arrival)
                 self.first_token_s[rid] = self.now
+                if self.latency is not None:
+                    self.latency.ttft(self.now, int(self.trace.model[rid]), self.now - arrival)
                 left = -left - 1
             else:
+                if self.latency is not None:  # a token per step, each one step after the last
+                    self.latency.itl(self.now, int(self.trace.model[rid]), pod.span_step_s, min(steps, left))
                 left -= steps
             if left <= 0:
                 del pod.running[rid]
@@ -231,7 +241,8 @@ class RequestSim:
         running, waiting, held, reporting = self.scrapes.pop(tick_s, self.before_start)
         seen = policies.Metrics(running, waiting, held, replicas=np.array([len(r) for r in self.replicas]),
                                 ready=np.array([len(self._ready(m)) for m in range(self.models)]),
-                                woken_at_s=self.woken_at.copy(), reporting=reporting)
+                                woken_at_s=self.woken_at.copy(), reporting=reporting,
+                                latency=None if self.latency is None else self.latency.view(tick_s - self.scrape_lag_s))
         desired = np.asarray(self.controller.decide(self.now, seen))
         for m in range(self.models):
             while len(self.replicas[m]) < desired[m]:
@@ -287,12 +298,12 @@ REQUEST_LEVEL_POLICIES = tuple(p for p in policies.ALL if p != policies.COST_POO
 
 
 def run_policy(trace: Trace, profile: ServerProfile, policy: str, interval_s: float, tick_s: float = 5.0,
-               until_s: float | None = None) -> dict:
+               until_s: float | None = None, slo: SloTargets = DEFAULT_SLO) -> dict:
     """One policy at request level; the shared pool runs in the fluid mode only (docs/simulation.md)."""
     if policy not in REQUEST_LEVEL_POLICIES:
         raise ValueError(f"{policy} runs in the fluid mode only; request level runs {', '.join(REQUEST_LEVEL_POLICIES)}")
     work = bin_trace(trace, tick_s)
-    controller, initial = experiment.controller_for(policy, work, profile, interval_s)
+    controller, initial = experiment.controller_for(policy, work, profile, interval_s, slo)
     result = RequestSim(trace, profile, controller, initial, interval_s).run(until_s)
     result["node_pool"] = policies.node_pool(policy)
     return result

@@ -1,9 +1,10 @@
 """kopf wiring of the autoscaler: a timer per InferenceModel that measures, decides and records.
 
 Every `--autoscale-interval-s` it reads the model, its Deployment and the pool's queue from
-Prometheus, calls the pure `autoscaler.decide`, writes `.spec.replicas` through the scale
+Prometheus (and, with `spec.slo`, the latency over the SLO's window), calls the pure `autoscaler.decide`
+(and `slo_scaler.decide_slo`, the larger answer winning), writes `.spec.replicas` through the scale
 subresource (reconciliation then applies it to the Deployment), and records the decision in
-`status.autoscaler`, the ScalingActive condition, an Event and the operator's metrics.
+`status.autoscaler` (and `status.slo`), the ScalingActive condition, an Event and the operator's metrics.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import kopf
 import pydantic
 
-from flotilla_operator import autoscaler, metrics, rfc3339, types
+from flotilla_operator import autoscaler, metrics, rfc3339, slo_scaler, slo_status, types
 from flotilla_operator.autoscaler_status import (
     SCALING_DISABLED,
     VALID_METRIC_FOUND,
@@ -33,6 +34,7 @@ from flotilla_operator.pool_members import joins_pool
 from flotilla_operator.prometheus import PoolSample, PrometheusClient, PrometheusError
 from flotilla_operator.reconciler import Context
 from flotilla_operator.settings import OperatorSettings
+from flotilla_operator.slo_prometheus import LatencyReading, measure_latency
 from flotilla_operator.status_writer import write_status
 
 POOLED = "ScaledByPool"  # ScalingActive reason of a model that joined a ModelPool
@@ -72,6 +74,20 @@ async def measure(prometheus: PrometheusClient, namespace: str, model: str,
         return None
 
 
+async def measure_slo(prometheus: PrometheusClient, namespace: str, spec: types.InferenceModelSpec,
+                      logger: logging.Logger | logging.LoggerAdapter) -> LatencyReading | None:
+    """The latency over spec.slo's window, or None (counted, logged) when Prometheus fails."""
+    slo = slo_status.slo_targets(spec)
+    if slo is None:
+        return None
+    try:
+        return await measure_latency(prometheus, namespace, spec.model.name, slo)
+    except PrometheusError as error:
+        metrics.PROMETHEUS_QUERY_FAILURES.labels(reason=error.reason).inc()
+        logger.warning(f"autoscaler: slo: {error}")
+        return None
+
+
 async def autoscale_once(ctx: Context, prometheus: PrometheusClient, namespace: str, name: str,
                          logger: logging.Logger | logging.LoggerAdapter, now_s: float | None = None) -> None:
     """One decision for one model: measure without the model's lock, then decide and write under it."""
@@ -93,12 +109,14 @@ async def autoscale_once(ctx: Context, prometheus: PrometheusClient, namespace: 
                                 "scaling.disabled is true: .spec.replicas belongs to kubectl, an HPA or KEDA")
         return
     sample = await measure(prometheus, namespace, spec.model.name, logger)
+    reading = await measure_slo(prometheus, namespace, spec, logger)
     async with ctx.lock(namespace, name):
-        await _decide_and_apply(ctx, namespace, name, sample, logger, time.time() if now_s is None else now_s)
+        await _decide_and_apply(ctx, namespace, name, sample, logger, time.time() if now_s is None else now_s, reading)
 
 
 async def _decide_and_apply(ctx: Context, namespace: str, name: str, sample: PoolSample | None,
-                            logger: logging.Logger | logging.LoggerAdapter, now_s: float) -> None:
+                            logger: logging.Logger | logging.LoggerAdapter, now_s: float,
+                            reading: LatencyReading | None = None) -> None:
     obj = await ctx.kube.get(types.API_VERSION, types.PLURAL, namespace, name)  # fresh: history, replicas
     if obj is None or obj["metadata"].get("deletionTimestamp"):
         return
@@ -121,41 +139,68 @@ async def _decide_and_apply(ctx: Context, namespace: str, name: str, sample: Poo
         woken_at_s=woken_at(obj),
     )
     state = state_from_status(status.get("autoscaler"))
-    decision = autoscaler.decide(scaling_spec(spec), observation, state)
-    metrics.AUTOSCALER_DECISIONS.labels(namespace=namespace, model=spec.model.name, direction=decision.direction(current),
-                                        reason=decision.reason).inc()
-    metrics.DESIRED_REPLICAS.labels(namespace=namespace, model=spec.model.name).set(decision.desired_replicas)
+    queue = autoscaler.decide(scaling_spec(spec), observation, state)
+    desired, reason, message = queue.desired_replicas, queue.reason, queue.message
+    slo = slo_status.slo_targets(spec)
+    slo_decision = None
+    if slo is not None:  # with an SLO, the larger of the two rules' answers wins
+        latency, missing_reason, missing_why = slo_status.latency_observation(reading, slo.window_s, ready)
+        slo_observation = slo_scaler.SloObservation(latency, observation.metrics, current, ready,
+                                                    observation.starting_replicas, now_s,
+                                                    missing_reason or autoscaler.REASON_METRICS_UNAVAILABLE, missing_why)
+        slo_decision = slo_scaler.decide_slo(scaling_spec(spec), slo, slo_observation,
+                                             slo_status.state_from_status(status.get("autoscaler")))
+        desired, reason, message = slo_scaler.combine(queue, slo_decision)
+    direction = "up" if desired > current else "down" if desired < current else "hold"
+    metrics.AUTOSCALER_DECISIONS.labels(namespace=namespace, model=spec.model.name, direction=direction,
+                                        reason=reason).inc()
+    metrics.DESIRED_REPLICAS.labels(namespace=namespace, model=spec.model.name).set(desired)
 
-    if decision.desired_replicas != current:
+    if desired != current:
         await ctx.kube.patch(types.API_VERSION, types.PLURAL, namespace, name,
-                             {"spec": {"replicas": decision.desired_replicas}}, subresource="scale")
-        logger.info(f"autoscaler: {current} -> {decision.desired_replicas}: {decision.message}")
-        await post_event(ctx.kube, ref, "Normal", decision.reason,
-                         f"{current} -> {decision.desired_replicas}: {decision.message}")
+                             {"spec": {"replicas": desired}}, subresource="scale")
+        logger.info(f"autoscaler: {current} -> {desired}: {message}")
+        await post_event(ctx.kube, ref, "Normal", reason, f"{current} -> {desired}: {message}")
 
-    unavailable = decision.reason == autoscaler.REASON_METRICS_UNAVAILABLE
+    queue_unavailable = queue.reason == autoscaler.REASON_METRICS_UNAVAILABLE
+    slo_unavailable = slo_decision is not None and slo_decision.reason in slo_scaler.HOLDS
+    unavailable = queue_unavailable or slo_unavailable
+    held_by = queue if queue_unavailable else slo_decision
+    why_reason, why = (held_by.reason, held_by.message) if unavailable and held_by is not None else ("", "")
     if unavailable and scaling_active(status.get("conditions")) is not False:
-        await post_event(ctx.kube, ref, "Warning", autoscaler.REASON_METRICS_UNAVAILABLE, decision.message)
+        await post_event(ctx.kube, ref, "Warning", why_reason, why)
     previous = status.get("autoscaler") or {}
-    autoscaler_status = status_patch(decision, current, sample.waiting if sample else None, now_s,
+    autoscaler_status = status_patch(queue, current, sample.waiting if sample else None, now_s,
                                      previous.get("lastScaleTime"))
-    if unavailable:  # missing data changes nothing remembered
+    autoscaler_status["lastDecision"] = f"{reason}: {current} -> {desired}: {message}"
+    autoscaler_status["lastReason"] = reason
+    autoscaler_status["lastScaleTime"] = rfc3339.format_time(now_s) if desired != current else previous.get("lastScaleTime")
+    if queue_unavailable:  # missing data changes nothing remembered
         autoscaler_status["recommendations"] = previous.get("recommendations") or []
         autoscaler_status["idleSince"] = previous.get("idleSince")
+    extra: dict[str, Any] = {}
+    if slo is not None and slo_decision is not None:
+        autoscaler_status["slo"] = (previous.get("slo") if slo_unavailable else
+                                    slo_status.state_patch(slo_decision.state))
+        extra["slo"] = slo_status.figures(slo, reading, slo_decision, now_s)
+    elif "slo" in status or "slo" in previous:  # spec.slo was removed: so are its figures and memory (merge patch)
+        autoscaler_status["slo"] = extra["slo"] = None
     await _write_status(ctx, namespace, name, autoscaler_status, not unavailable,
-                        decision.reason if unavailable else VALID_METRIC_FOUND, decision.message)
+                        why_reason if unavailable else VALID_METRIC_FOUND, why if unavailable else message, extra)
 
 
 async def _write_status(ctx: Context, namespace: str, name: str, autoscaler_status: dict[str, Any] | None,
-                        ok: bool, reason: str, message: str) -> None:
-    """Write status.autoscaler and ScalingActive against the version just read (status_writer retries on conflict)."""
+                        ok: bool, reason: str, message: str, extra: dict[str, Any] | None = None) -> None:
+    """Write status.autoscaler (and `extra`: status.slo) and ScalingActive against the version just read
+    (status_writer retries on conflict)."""
     async def compute(obj: dict[str, Any]) -> dict[str, Any] | None:
         status = obj.get("status") or {}
         conditions = scaling_condition(status.get("conditions"), ok, reason, message, rfc3339.now(),
                                        obj["metadata"].get("generation", 1))
         if autoscaler_status is None and status.get("conditions") == conditions:
             return None  # nothing changed
-        return {"conditions": conditions} | ({"autoscaler": autoscaler_status} if autoscaler_status is not None else {})
+        return ({"conditions": conditions} | ({"autoscaler": autoscaler_status} if autoscaler_status is not None else {})
+                | (extra or {}))
 
     await write_status(ctx.kube, namespace, name, compute)
 

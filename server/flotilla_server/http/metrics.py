@@ -28,8 +28,8 @@ disable_created_metrics()  # `*_created` series double the exposition and no das
 REJECTION_REASONS = names.REJECTION_REASONS
 MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's: set before it is imported
 
-_LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-_ITL_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+_LATENCY_BUCKETS_S = names.LATENCY_BUCKETS_S
+_ITL_BUCKETS_S = names.ITL_BUCKETS_S
 _DURATION_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0)
 _STEP_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
 _STEP_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -132,9 +132,9 @@ class ServerMetrics:
                                      [names.MODEL_LABEL], registry=r)
         self.generation_tokens = Counter("flotilla_generation_tokens", "Tokens generated and sent.",
                                          [names.MODEL_LABEL], registry=r)
-        self.ttft = Histogram("flotilla_time_to_first_token_seconds", "Arrival to first token.",
+        self.ttft = Histogram(names.TIME_TO_FIRST_TOKEN_SECONDS, "Arrival to first token.",
                               [names.MODEL_LABEL], buckets=_LATENCY_BUCKETS_S, registry=r)
-        self.itl = Histogram("flotilla_inter_token_latency_seconds", "Time between successive tokens of a request.",
+        self.itl = Histogram(names.INTER_TOKEN_LATENCY_SECONDS, "Time between successive tokens of a request.",
                              [names.MODEL_LABEL], buckets=_ITL_BUCKETS_S, registry=r)
         self.request_duration = Histogram("flotilla_request_duration_seconds", "Arrival to the last token (end to end).",
                                           [names.MODEL_LABEL], buckets=_DURATION_BUCKETS_S, registry=r)
@@ -177,6 +177,10 @@ class ServerMetrics:
             self.rejections.labels(model, reason)
         self.prompt_tokens.labels(model)
         self.generation_tokens.labels(model)
+        # the latency histograms exist at 0 from the start, so the SLO scaler tells an idle server (no request in
+        # its window) from one that exports no histogram at all (docs/autoscaling.md, "SLO scaling")
+        self.ttft.labels(model)
+        self.itl.labels(model)
         self.lora: LoraMetrics | None = None  # the adapter series, on a server that serves adapters
 
     def serve_adapters(self, stats: Callable[[], EngineStats], max_loras: int) -> None:
