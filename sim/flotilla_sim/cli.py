@@ -24,6 +24,7 @@ from flotilla_contract.one_line_parser import OneLineParser
 from flotilla_operator.slo_scaler import SloTargets
 
 from flotilla_sim import adapters, experiment, policies, report, request_level, workload
+from flotilla_sim.drift import DriftSpec
 from flotilla_sim.errors import InputError
 from flotilla_sim.server_model import ServerProfile, fit_bench, roofline
 from flotilla_sim.slo_policies import DEFAULT_SLO
@@ -49,6 +50,26 @@ def positive_int(text: str) -> int:
 def non_negative_int(text: str) -> int:
     """A seed: numpy takes any whole number from 0 (the default) up."""
     return _whole(text, 0)
+
+
+def _bounded(text: str, below: float, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 <= value < below):
+        raise argparse.ArgumentTypeError(f"must be {what}, 0 or more and under {below:g}, not {text!r}")
+    return value
+
+
+def share(text: str) -> float:
+    """A share of the catalogue: 0 (none) up to, not including, 1."""
+    return _bounded(text, 1.0, "a share")
+
+
+def hours_of_a_day(text: str) -> float:
+    """A stretch of a day in hours: 0 up to, not including, 24."""
+    return _bounded(text, 24.0, "hours of a day")
 
 
 def positive_float(text: str) -> float:
@@ -131,8 +152,12 @@ def cmd_fleet(args: argparse.Namespace) -> None:
                          "raise --gpus or lower --models")
     out = _out_dir(args.out)
     base = workload.read_azure(args.trace)
+    drift = None
+    if args.workload == "drifting":
+        drift = DriftSpec(args.drift_every_h, args.drift_swap, args.idle_share, args.idle_h)
+        drift.check(args.models)
     scenario = experiment.fleet_scenario(base, args.models, args.gpus, args.tick_s, args.interval_s,
-                                         args.profile, args.seed, args.trace, slo_targets(args))
+                                         args.profile, args.seed, args.trace, slo_targets(args), drift)
     print(f"{scenario.notes['requests']:,.0f} requests over {args.models} models, rate x{scenario.notes['rate_scale']:.1f}",
           file=sys.stderr)
     results = experiment.run_policies(scenario, args.policies, show_progress=not args.quiet,
@@ -141,13 +166,15 @@ def cmd_fleet(args: argparse.Namespace) -> None:
 
 
 def _request_level(names: tuple[str, ...]) -> tuple[str, ...]:
-    """The policies the request level runs: 'all' leaves out the shared pool (fluid mode only), a list naming it
-    is refused."""
+    """The policies the request level runs: 'all' leaves out those with a shared pool (fluid mode only), a
+    list naming one is refused."""
+    only = ", ".join(policies.FLUID_ONLY)
     if names == policies.ALL:
-        print(f"{policies.COST_POOL} runs in the fluid mode only: left out", file=sys.stderr)
+        print(f"{only} run in the fluid mode only: left out", file=sys.stderr)
         return request_level.REQUEST_LEVEL_POLICIES
-    if policies.COST_POOL in names:
-        raise InputError(f"{policies.COST_POOL} runs in the fluid mode only; drop it from --policies, "
+    named = [n for n in names if n in policies.FLUID_ONLY]
+    if named:
+        raise InputError(f"{', '.join(named)} runs in the fluid mode only; drop it from --policies, "
                          "or pass --fidelity fluid")
     return names
 
@@ -239,6 +266,18 @@ def build_parser() -> argparse.ArgumentParser:
     fleet.add_argument("--gpus", type=positive_int, default=10000,
                        help="static provisioning at peak needs this many (more than --models)")
     fleet.add_argument("--seed", type=non_negative_int, default=0, help="seed of the arrivals (0 or more)")
+    fleet.add_argument("--workload", choices=("day", "drifting"), default="day",
+                       help="day: every model in a fixed Zipf order all day; drifting: the popular set drifts "
+                            "and part of the catalogue sleeps (the --drift-* and --idle-* flags)")
+    defaults = DriftSpec()
+    fleet.add_argument("--drift-every-h", type=positive_float, default=defaults.drift_every_h,
+                       help="drifting: hours between swaps of the popular set (above 0)")
+    fleet.add_argument("--drift-swap", type=non_negative_int, default=defaults.drift_swap,
+                       help="drifting: top ranks swapped with as many from the tail each time (0 to half the models)")
+    fleet.add_argument("--idle-share", type=share, default=defaults.idle_share,
+                       help="drifting: share of the catalogue idle for a stretch each day (0 or more, under 1)")
+    fleet.add_argument("--idle-h", type=hours_of_a_day, default=defaults.idle_h,
+                       help="drifting: hours each of those is idle (0 or more, under 24)")
     fleet.set_defaults(func=cmd_fleet)
     trace = sub.add_parser("trace", parents=[common], help="a trace file in the documented CSV format")
     trace.add_argument("file", help="CSV with the header arrival_s,model,prompt_tokens,output_tokens")

@@ -15,6 +15,8 @@ from flotilla_operator.autoscaler import LATENCY_FIRST, ScalingSpec
 from flotilla_operator.slo_scaler import SloTargets
 
 from flotilla_sim import fluid, policies
+from flotilla_sim.adaptive import AdaptiveController
+from flotilla_sim.drift import DriftSpec, drifting_day
 from flotilla_sim.pool import PoolController
 from flotilla_sim.progress import Progress
 from flotilla_sim.server_model import ServerProfile, service_s
@@ -57,6 +59,8 @@ def controller_for(policy: str, work: Binned, profile: ServerProfile, interval_s
     if policy == policies.SLO:  # a latency-first InferenceModel with spec.slo, scaled by its SLO alone
         spec = ScalingSpec(1, policies.MAX_REPLICAS, LATENCY_FIRST)
         return SloController(spec, slo, models, profile.slots), np.ones(models)
+    if policy == policies.ADAPTIVE:
+        return AdaptiveController(models, profile, work.tick_s, slo), np.zeros(models)
     if policy == policies.LLMD:
         return LlmdController(slo, models), np.ones(models)
     if policy == policies.LATENCY:
@@ -92,6 +96,8 @@ def run_one(scenario: Scenario, name: str, progress: Progress | None = None) -> 
     controller, initial = controller_for(name, scenario.work, scenario.profile, scenario.interval_s, scenario.slo)
     config = fluid.FluidConfig(interval_s=scenario.interval_s)
     result = fluid.run(scenario.work, scenario.profile, controller, initial, policies.node_pool(name), config, progress)
+    if hasattr(controller, "report"):  # adaptive: its moves
+        result["tiering"] = controller.report(scenario.work.arrivals.shape[0] * scenario.work.tick_s)
     result["wall_s"] = time.monotonic() - started
     return result
 
@@ -113,13 +119,20 @@ def run_policies(scenario: Scenario, names: tuple[str, ...] = policies.ALL, show
 
 
 def fleet_scenario(base: Trace, num_models: int, fleet_gpus: int, tick_s: float, interval_s: float,
-                   profile: ServerProfile, seed: int, trace_name: str, slo: SloTargets = DEFAULT_SLO) -> Scenario:
+                   profile: ServerProfile, seed: int, trace_name: str, slo: SloTargets = DEFAULT_SLO,
+                   drift: DriftSpec | None = None) -> Scenario:
+    """The fleet day, or with `drift` the drifting day (drift.py) at the same total rate."""
     scale = rate_scale_for(base, num_models, fleet_gpus, tick_s, profile)
-    work = fleet_day(base, num_models, tick_s, scale, np.random.default_rng(seed))
+    rng = np.random.default_rng(seed)
+    work = fleet_day(base, num_models, tick_s, scale, rng) if drift is None else \
+        drifting_day(base, num_models, tick_s, scale, rng, drift)
     notes = {"trace": trace_name, "models": num_models, "fleet_gpus": fleet_gpus, "rate_scale": scale,
              "seed": seed, "tick_s": tick_s, "autoscale_interval_s": interval_s,
              "requests": float(work.arrivals.sum()), "slo": slo_notes(slo)}
-    return Scenario(f"fleet-day-{trace_name}", work, profile, interval_s, notes, slo)
+    if drift is not None:
+        notes["drift"] = {"drift_every_h": drift.drift_every_h, "drift_swap": drift.drift_swap,
+                          "idle_share": drift.idle_share, "idle_h": drift.idle_h}
+    return Scenario(f"{'fleet' if drift is None else 'drifting'}-day-{trace_name}", work, profile, interval_s, notes, slo)
 
 
 def slo_notes(slo: SloTargets) -> dict:

@@ -36,7 +36,9 @@ KEDA = "keda"
 STATIC = "static-peak"
 SLO = "slo"  # Flotilla's SLO scaler alone (flotilla_operator.slo_scaler)
 LLMD = "llm-d"  # llm-d's SLO-aware KEDA rule
-ALL = (LATENCY, COST_ZERO, COST_POOL, KUBEAI, KEDA, STATIC, SLO, LLMD)
+ADAPTIVE = "adaptive"  # each model in the pool or dedicated, as flotilla_operator.tiering decides (adaptive.py)
+ALL = (LATENCY, COST_ZERO, COST_POOL, KUBEAI, KEDA, STATIC, SLO, LLMD, ADAPTIVE)
+FLUID_ONLY = (COST_POOL, ADAPTIVE)  # policies with a shared pool: the request level has none
 
 # No ceiling that binds: a Zipf head model of a 10,000-GPU fleet needs more than the CRD's maxReplicas
 # ceiling (1,000) allows, and the comparison is about the policies, not that limit (docs/simulation.md).
@@ -63,7 +65,10 @@ class Metrics:
 
 
 def node_pool(policy: str) -> str:
-    """Where the policy's pods run, read from the operator's placement: spot when it tolerates spot taints."""
+    """Where the policy's pods run, read from the operator's placement: spot when it tolerates spot taints;
+    adaptive's on both (its pool's and its dedicated replicas')."""
+    if policy == ADAPTIVE:
+        return "spot and dedicated"
     operator_policy = LATENCY_FIRST if policy in (LATENCY, STATIC, SLO) else COST_FIRST
     placement = render_placement(PlacementSpec(policy=operator_policy), {"app": "sim"}, gpus=1)
     return "spot" if any(t in placement.tolerations for t in SPOT_TOLERATIONS) else "dedicated"

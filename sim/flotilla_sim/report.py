@@ -61,6 +61,13 @@ def markdown(results: dict, notes: dict, source: str) -> str:
             f"{r['cold_starts']:,.0f} | {'-' if math.isnan(cold_p99) else f'{cold_p99:.1f}'} | "
             f"{q['rejected_429']:,.0f} | {q['rejected_503']:,.0f} |")
     lines.append("")
+    for name, r in results.items():
+        if "tiering" in r:
+            t = r["tiering"]
+            reasons = ", ".join(f"{k} {v}" for k, v in t["move_reasons"].items()) or "none"
+            lines.append(f"- {name}: {t['promotions']} promotions, {t['demotions']} demotions "
+                         f"({t['moves_per_hour']:.1f} moves an hour; {reasons}); {t['dedicated_at_end']} dedicated "
+                         "at the end.")
     for v in verdicts(results):
         target = f"TTFT <= {v['ttft_target_s']:g} s for {WIN_ATTAINMENT:.0%} of requests"
         if "winner" not in v:

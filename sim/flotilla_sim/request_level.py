@@ -294,7 +294,7 @@ class RequestSim:
         return result
 
 
-REQUEST_LEVEL_POLICIES = tuple(p for p in policies.ALL if p != policies.COST_POOL)
+REQUEST_LEVEL_POLICIES = tuple(p for p in policies.ALL if p not in policies.FLUID_ONLY)
 
 
 def run_policy(trace: Trace, profile: ServerProfile, policy: str, interval_s: float, tick_s: float = 5.0,

@@ -26,6 +26,8 @@ ZERO_IS_VALID = {
     ("fleet", "--seed"): "a seed: numpy takes any whole number from 0, and 0 is the default",
     ("generate", "--seed"): "a seed: numpy takes any whole number from 0, and 0 is the default",
     ("adapters", "--seed"): "a seed: numpy takes any whole number from 0, and 0 is the default",
+    ("fleet", "--drift-swap"): "the drifting day with no swap: a popular set that holds still",
+    ("fleet", "--idle-h"): "the drifting day whose sleepers sleep 0 hours",
 }
 
 
@@ -78,6 +80,24 @@ def test_every_numeric_flag_is_refused_at_0_and_below(command, flag, dest, value
         return
     err = _refused(capsys, argv, cli.build_parser().parse_args)
     assert f"argument {flag}" in err and f"'{value}'" in err and ("or more" in err or "above 0" in err)
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--idle-share", "-0.1", "must be a share, 0 or more and under 1"),
+    ("--idle-share", "1", "must be a share, 0 or more and under 1"),
+    ("--idle-share", "nan", "must be a share, 0 or more and under 1"),
+    ("--idle-h", "24", "must be hours of a day, 0 or more and under 24"),
+    ("--idle-h", "-1", "must be hours of a day, 0 or more and under 24"),
+])
+def test_the_drifting_days_shares_and_hours_are_refused_out_of_range(flag, value, message, capsys):
+    err = _refused(capsys, ["fleet", "--workload", "drifting", flag, value], cli.build_parser().parse_args)
+    assert f"argument {flag}: {message}, not '{value}'" in err
+
+
+def test_a_drift_swap_past_half_the_catalogue_is_refused(capsys, tmp_path):
+    err = _refused(capsys, ["fleet", "--workload", "drifting", "--models", "10", "--gpus", "20", "--drift-swap", "6",
+                            "--out", str(tmp_path)])
+    assert "--drift-swap must be between 0 and half the catalogue (5), got 6" in err
 
 
 @pytest.mark.parametrize("flag", ["--models", "--gpus"])
