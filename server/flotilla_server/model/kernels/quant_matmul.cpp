@@ -204,8 +204,13 @@ INLINE uint16_t half_bits(const uint8_t* p) {
 
 INLINE float half_plain(const uint8_t* p) { return c10::detail::fp16_ieee_to_fp32_value(half_bits(p)); }
 
-template <QType Q, int R>
-void tile_plain(const uint8_t* w_row, const Activations& a, int64_t r0, float* y, int64_t y_stride) {
+// a rounded block's scale d_x and d_x * sum(q), whichever form the rounding kept them in
+INLINE float block_scale(const Activations& a, int64_t row, int64_t b) { return a.scale_at(row, b)[0]; }
+INLINE float block_sum(const Activations& a, int64_t row, int64_t b) { return a.sum_at(row, b)[0] * kLanes; }
+
+// the plain path of both rounded forms (Rows: Activations, int8; Activations16, int16, declared below)
+template <QType Q, int R, typename Rows>
+void tile_plain(const uint8_t* w_row, const Rows& a, int64_t r0, float* y, int64_t y_stride) {
   float acc[R] = {};
   for (int64_t b = 0; b < a.blocks; ++b) {
     const uint8_t* block = w_row + b * Layout<Q>::bytes;
@@ -213,11 +218,11 @@ void tile_plain(const uint8_t* w_row, const Activations& a, int64_t r0, float* y
     decode_plain<Q>(block, w);
     const float d_w = half_plain(block), m_w = Layout<Q>::has_min ? half_plain(block + 2) : 0.f;
     for (int r = 0; r < R; ++r) {
-      const int8_t* q = a.q_at(r0 + r, b);
+      const auto* q = a.q_at(r0 + r, b);
       int32_t dot = 0;
       for (int64_t j = 0; j < kBlockWeights; ++j) dot += w[j] * q[j];
-      acc[r] += d_w * a.scale_at(r0 + r, b)[0] * static_cast<float>(dot);
-      if constexpr (Layout<Q>::has_min) acc[r] += m_w * (a.sum_at(r0 + r, b)[0] * kLanes);
+      acc[r] += d_w * block_scale(a, r0 + r, b) * static_cast<float>(dot);
+      if constexpr (Layout<Q>::has_min) acc[r] += m_w * block_sum(a, r0 + r, b);
     }
   }
   for (int r = 0; r < R; ++r) y[r * y_stride] = acc[r];
@@ -322,24 +327,8 @@ INLINE void round_row16(const float* x, const Activations16& a, int64_t row) {
 TARGET_AVX2 void round_row16_avx2(const float* x, const Activations16& a, int64_t row) { round_row16(x, a, row); }
 void round_row16_plain(const float* x, const Activations16& a, int64_t row) { round_row16(x, a, row); }
 
-template <QType Q, int R>
-void tile16_plain(const uint8_t* w_row, const Activations16& a, int64_t r0, float* y, int64_t y_stride) {
-  float acc[R] = {};
-  for (int64_t b = 0; b < a.blocks; ++b) {
-    const uint8_t* block = w_row + b * Layout<Q>::bytes;
-    int8_t w[kBlockWeights];
-    decode_plain<Q>(block, w);
-    const float d_w = half_plain(block), m_w = Layout<Q>::has_min ? half_plain(block + 2) : 0.f;
-    for (int r = 0; r < R; ++r) {
-      const int16_t* q = a.q_at(r0 + r, b);
-      int32_t dot = 0;
-      for (int64_t j = 0; j < kBlockWeights; ++j) dot += w[j] * q[j];
-      acc[r] += d_w * a.scale_at(r0 + r, b) * static_cast<float>(dot);
-      if constexpr (Layout<Q>::has_min) acc[r] += m_w * a.sum_at(r0 + r, b);
-    }
-  }
-  for (int r = 0; r < R; ++r) y[r * y_stride] = acc[r];
-}
+INLINE float block_scale(const Activations16& a, int64_t row, int64_t b) { return a.scale_at(row, b); }
+INLINE float block_sum(const Activations16& a, int64_t row, int64_t b) { return a.sum_at(row, b); }
 
 // the block's 32 weights as int16, in two vectors: weights 0-15, then 16-31 (Q4: the low nibbles, the high)
 template <QType Q> TARGET_AVX2 INLINE void weights16_avx2(const uint8_t* block, __m256i& first, __m256i& second) {
@@ -979,7 +968,7 @@ template <QType Q, int R> TileOf<Activations> tile_for(Isa isa) {
     case Isa::avx2: return tile_avx2<Q, R>;
     case Isa::scalar: break;
   }
-  return tile_plain<Q, R>;
+  return tile_plain<Q, R, Activations>;
 }
 
 template <QType Q, int R> TileOf<FloatRows> float_tile_for(Isa isa) {
@@ -998,7 +987,7 @@ template <QType Q> Tiles<Activations> tiles_for(Isa isa) {
 }
 
 template <QType Q, int R> TileOf<Activations16> tile16_for(Isa isa) {
-  return isa == Isa::scalar ? tile16_plain<Q, R> : tile16_avx2<Q, R>;  // AVX-512 CPUs run the AVX2 tile
+  return isa == Isa::scalar ? tile_plain<Q, R, Activations16> : tile16_avx2<Q, R>;  // AVX-512 CPUs run the AVX2 tile
 }
 
 template <QType Q> Tiles<Activations16> tiles16_for(Isa isa) {
