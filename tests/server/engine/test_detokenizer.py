@@ -37,6 +37,21 @@ def test_multibyte_text_never_comes_out_half_a_character() -> None:
     assert sum(1 for p in pieces if p == "") > 0  # some tokens were held back mid-character
 
 
+TINY_TOKENIZER = build_tiny_tokenizer()
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=60))
+def test_the_pieces_add_up_to_the_whole_decode_across_window_moves(text: str) -> None:
+    """Byte-level tokens of any text, fed one at a time through windows that move every MAX_WINDOW_TOKENS:
+    the pieces are the one-shot decode of the output, never half a character."""
+    ids = TINY_TOKENIZER.encode(text, add_special_tokens=False)
+    detok = IncrementalDetokenizer(TINY_TOKENIZER, TINY_TOKENIZER.encode("Hi there", add_special_tokens=True))
+    pieces = feed(detok, ids)
+    assert all(REPLACEMENT_CHAR not in p or REPLACEMENT_CHAR in text for p in pieces)
+    assert "".join(pieces) + detok.flush() == TINY_TOKENIZER.decode(ids)
+
+
 def test_stop_string_is_held_back_then_released_when_it_does_not_match() -> None:
     tok = PieceTokenizer(["x", "a", "b", "c", "q", "ab"])
     detok = IncrementalDetokenizer(tok, [], stop=["abc"])
