@@ -7,8 +7,11 @@ Throughput figures say how fast; this says why. For each model and batch size, `
   steadier on a shared machine; forward_fraction);
 - split: the same steps with timers wrapped around the forward pass's parts. The engine reports the
   rest of the step itself (StepRecord: schedule, prepare, sample, update, detokenize); the wrappers time
-  the KV gather, the KV write, attention (SDPA) and the logits inside the forward. Each wrapper costs a
-  microsecond or so per call, so the split's step is a little slower than the plain one.
+  the KV gather, the KV write, attention (SDPA) and the logits inside the forward. On the native float32 CPU
+  path a decode step's attention is one op that also rotates q and k and writes the KV (model/decode_ops.py,
+  reading K and V through the block tables: no gather), so there it all counts as attention and the gather
+  and the KV write read 0. Each wrapper costs a microsecond or so per call, so the split's step is a little
+  slower than the plain one.
 
 The hand-off to HTTP is not part of the engine and is not measured here (see `flotilla-bench modes`).
 The figures go to stdout as a table and, with --json, to a file.
@@ -36,7 +39,7 @@ from flotilla_server.engine.config import EngineConfig
 from flotilla_server.engine.core import EngineCore
 from flotilla_server.engine.outputs import StepRecord
 from flotilla_server.engine.sampling_params import SamplingParams
-from flotilla_server.model import DecoderModel, KVCacheTensors, LoadedModel
+from flotilla_server.model import DecoderModel, KVCacheTensors, LoadedModel, decode_ops
 
 MODELS = ("tiny", "llama-100m", "smollm2")
 ENGINE_PARTS = ("schedule_s", "prepare_s", "sample_s", "update_s", "detokenize_s")
@@ -62,6 +65,17 @@ class _Timers:
         return timed
 
 
+class _TimedNativeOps:
+    """decode_ops.native with its fused decode attention timed as attention; every other op as it is."""
+
+    def __init__(self, ops: Any, timers: _Timers) -> None:
+        self._ops = ops
+        self.decode_attention = timers.wrap("attention_s", ops.decode_attention)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ops, name)
+
+
 @contextmanager
 def _forward_timers(timers: _Timers) -> Iterator[None]:
     """Wraps the forward pass's parts for the duration (bench only; restored on exit)."""
@@ -72,13 +86,17 @@ def _forward_timers(timers: _Timers) -> Iterator[None]:
         (DecoderModel, "compute_logits", "logits_s"),
     ]
     originals = [(owner, attr, getattr(owner, attr)) for owner, attr, _ in patched]
+    native = decode_ops.native
     try:
         for owner, attr, name in patched:
             setattr(owner, attr, timers.wrap(name, getattr(owner, attr)))
+        if native is not None:
+            decode_ops.native = _TimedNativeOps(native, timers)
         yield
     finally:
         for owner, attr, fn in originals:
             setattr(owner, attr, fn)
+        decode_ops.native = native
 
 
 def _decode_engine(loaded: LoadedModel, name: str, batch: int, context: int, steps: int,

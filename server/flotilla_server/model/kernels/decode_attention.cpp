@@ -46,6 +46,7 @@ namespace {
 using namespace flotilla::decode;
 
 constexpr int64_t kChunkKeys = 512;
+constexpr int64_t kPrefetchKeys = 16;  // key and value rows are fetched this many keys ahead
 constexpr int64_t kScoreRow = kChunkKeys + 16;  // a head's scores, and room for the last W keys' store
 constexpr int kTileHeads = 4;
 constexpr int64_t kMaxGroup = 64;  // query heads per kv head
@@ -82,14 +83,23 @@ INLINE int64_t key_rows(const Problem& P, const Item& it, int64_t* rows) {
   return it.end_key - it.first_key;
 }
 
+// a row of d floats kPrefetchKeys keys ahead, into the caches (a prefetch never faults): each key's row of one
+// kv head lies kv_heads * d floats from the next key's, a stride the hardware prefetcher does not follow
+INLINE void prefetch_row(const float* base, const int64_t* rows, int64_t i, int64_t n, int64_t d) {
+  if (i + kPrefetchKeys >= n) return;
+  const char* row = reinterpret_cast<const char*>(base + rows[i + kPrefetchKeys]);
+  for (int64_t b = 0; b < d * static_cast<int64_t>(sizeof(float)); b += 64) __builtin_prefetch(row + b, 0, 3);
+}
+
 // out[g][:d] = sum_i p[g][i] v_i for GT heads, NV vectors of d at a time (accumulators stay in registers)
 template <int W, int GT, int NV>
 INLINE void weigh_values(const int64_t* rows, int64_t n, const float* v_head, const float (*p)[kScoreRow],
-                         int64_t c0, float* const* out) {
+                         int64_t c0, int64_t d, float* const* out) {
   VecF<W> acc[GT][NV];
   for (int g = 0; g < GT; ++g)
     for (int j = 0; j < NV; ++j) acc[g][j] = splat<W>(0.f);
   for (int64_t i = 0; i < n; ++i) {
+    if (c0 == 0) prefetch_row(v_head, rows, i, n, d);
     VecF<W> value[NV];
     for (int j = 0; j < NV; ++j) value[j] = load<W>(v_head + rows[i] + c0 + j * W);
     for (int g = 0; g < GT; ++g) {
@@ -117,6 +127,7 @@ INLINE void attend_heads(const Problem& P, const int64_t* rows, int64_t n, const
       VecF<W> acc[GT];
       for (int g = 0; g < GT; ++g) acc[g] = splat<W>(0.f);
       if (i0 + k < n) {
+        prefetch_row(k_head, rows, i0 + k, n, P.d);
         const float* key = k_head + rows[i0 + k];
         for (int64_t c = 0; c < P.d; c += W) {
           const VecF<W> lanes = load<W>(key + c);
@@ -155,10 +166,10 @@ INLINE void attend_heads(const Problem& P, const int64_t* rows, int64_t n, const
   constexpr int64_t kMaxVectors = W == 16 ? 4 : 2;
   for (int64_t c0 = 0; c0 < P.d;) {
     const int64_t vectors = std::min(kMaxVectors, (P.d - c0) / W);
-    if (vectors >= 4) weigh_values<W, GT, 4>(rows, n, v_head, p, c0, out);
-    else if (vectors == 3) weigh_values<W, GT, 3>(rows, n, v_head, p, c0, out);
-    else if (vectors == 2) weigh_values<W, GT, 2>(rows, n, v_head, p, c0, out);
-    else weigh_values<W, GT, 1>(rows, n, v_head, p, c0, out);
+    if (vectors >= 4) weigh_values<W, GT, 4>(rows, n, v_head, p, c0, P.d, out);
+    else if (vectors == 3) weigh_values<W, GT, 3>(rows, n, v_head, p, c0, P.d, out);
+    else if (vectors == 2) weigh_values<W, GT, 2>(rows, n, v_head, p, c0, P.d, out);
+    else weigh_values<W, GT, 1>(rows, n, v_head, p, c0, P.d, out);
     c0 += vectors * W;
   }
 }
