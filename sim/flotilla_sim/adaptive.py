@@ -145,14 +145,15 @@ class AdaptiveController:
         self.pool.decide(now_s, Metrics(np.where(pool_side, m.running, 0.0), np.where(pool_side, m.waiting, 0.0),
                                         np.where(pool_side, m.held, 0.0), m.replicas, m.ready, m.woken_at_s))
         dedicated_ready = np.minimum.reduce(self.started)
-        dedicated_side = np.flatnonzero(self.dedicated | (~self.dedicated & self.moving))
+        # a promotion's Deployment keeps the size it started with until the route switches (then it scales)
+        dedicated_side = np.flatnonzero(self.dedicated)
         if self.slo_rule is not None:  # the SLO beside the cost-first queue rule; pool-side answers unused
             seen = Metrics(m.running, m.waiting, m.held, self.n.copy(), dedicated_ready.astype(np.int64), m.woken_at_s,
                            latency=m.latency)
             want = self.slo_rule.decide(now_s, seen)
             self.n[dedicated_side] = np.maximum(want[dedicated_side], 1)
             dedicated_side = dedicated_side[:0]
-        # without an SLO: latency-first `decide` for models served or being promoted there
+        # without an SLO: latency-first `decide` for models served there
         for i in dedicated_side.tolist():
             obs = Observation(PoolMetrics(float(m.waiting[i]), float(m.running[i]), self.profile.slots,
                                           int(dedicated_ready[i])),
