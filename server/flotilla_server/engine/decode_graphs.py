@@ -81,7 +81,7 @@ class _Static:
 
     @property
     def group(self) -> DecodeGroup:
-        return self.batch.decode_groups[0]
+        return self.batch.groups()[0]
 
 
 class DecodeGraphs:

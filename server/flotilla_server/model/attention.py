@@ -65,12 +65,22 @@ class AttentionBatch:
     block_size: int
     prefills: tuple[PrefillChunk, ...]
     decode_start: int  # decode rows are the step's tokens [decode_start, num_tokens)
-    decode_groups: tuple[DecodeGroup, ...]
+    # the torch path's decode groups; None: built on first use (`groups()`) from `_decode_inputs`, so that a
+    # step the native decode attention takes never builds them (at batch 64 they were a fifth of `prepare`)
+    decode_groups: tuple[DecodeGroup, ...] | None
     num_tokens: int
     # for the native decode attention (CPU with the kernels built; None elsewhere): each decode row's block
     # table, padded with block 0 (int32 [D, max_blocks]), and its context length (int32 [D]), in step order
     decode_tables: torch.Tensor | None = None
     decode_context_lens: torch.Tensor | None = None
+    _decode_inputs: tuple | None = None  # (context lens, block tables, block counts, device) of the decode rows
+
+    def groups(self) -> tuple[DecodeGroup, ...]:
+        """The decode rows' groups for the torch path, built once."""
+        if self.decode_groups is None:
+            object.__setattr__(self, "decode_groups", _decode_groups(*self._decode_inputs, self.block_size)
+                               if self._decode_inputs is not None else ())
+        return self.decode_groups
 
     @classmethod
     def build(
@@ -117,7 +127,7 @@ class AttentionBatch:
             token_start += q
 
         decode_start = token_start
-        groups: list[DecodeGroup] = []
+        decode_inputs = None
         tables_t = lens_t = None
         if num_decode:
             d_ctx = context_lens[num_prefill:]
@@ -133,31 +143,40 @@ class AttentionBatch:
                     flat.extend([0] * (width - n))
                 tables_t = torch.tensor(flat, dtype=torch.int32).view(num_decode, width)
                 lens_t = torch.tensor(d_ctx, dtype=torch.int32)
-            # groups help CPU caches; on a GPU, extra kernel launches would cost more than padding
-            on_cpu = torch.device(device).type == "cpu"
-            grouping = group_decode_rows(n_blocks) if on_cpu else [list(range(num_decode))]
-            if len(grouping) == 1:
-                grouping = [list(range(num_decode))]  # one group keeps step order: no row shuffling
-            for rows in grouping:
-                max_blocks = n_blocks[rows[0]] if len(grouping) > 1 else max(n_blocks)
-                padded: list[int] = []
-                for i in rows:
-                    padded.extend(d_tables[i][:n_blocks[i]])
-                    padded.extend([0] * (max_blocks - n_blocks[i]))
-                ctx = torch.tensor([d_ctx[i] for i in rows], dtype=torch.long)
-                mask = torch.arange(max_blocks * block_size).unsqueeze(0) < ctx.unsqueeze(1)
-                groups.append(DecodeGroup(
-                    rows=None if len(grouping) == 1 else torch.tensor(rows, dtype=torch.long, device=device),
-                    num_seqs=len(rows),
-                    block_ids=torch.tensor(padded, dtype=torch.long, device=device),
-                    mask=mask.view(len(rows), 1, 1, -1).to(device),
-                    context_len=d_ctx[rows[0]] if len(rows) == 1 else None,
-                ))
+            decode_inputs = (list(d_ctx), list(d_tables), n_blocks, device)
             token_start += num_decode
 
         slot_mapping = torch.cat([torch.as_tensor(s, dtype=torch.long) for s in slots]).to(device)
-        return cls(slot_mapping, block_size, tuple(prefills), decode_start, tuple(groups), token_start, tables_t,
-                   lens_t)
+        return cls(slot_mapping, block_size, tuple(prefills), decode_start, None, token_start, tables_t, lens_t,
+                   decode_inputs)
+
+
+def _decode_groups(d_ctx: list[int], d_tables: list[Sequence[int]], n_blocks: list[int],
+                   device: str | torch.device, block_size: int) -> tuple[DecodeGroup, ...]:
+    """The decode rows (step order) in groups of similar block counts, each with its padded block ids and mask."""
+    num_decode = len(d_ctx)
+    groups: list[DecodeGroup] = []
+    # groups help CPU caches; on a GPU, extra kernel launches would cost more than padding
+    on_cpu = torch.device(device).type == "cpu"
+    grouping = group_decode_rows(n_blocks) if on_cpu else [list(range(num_decode))]
+    if len(grouping) == 1:
+        grouping = [list(range(num_decode))]  # one group keeps step order: no row shuffling
+    for rows in grouping:
+        max_blocks = n_blocks[rows[0]] if len(grouping) > 1 else max(n_blocks)
+        padded: list[int] = []
+        for i in rows:
+            padded.extend(d_tables[i][:n_blocks[i]])
+            padded.extend([0] * (max_blocks - n_blocks[i]))
+        ctx = torch.tensor([d_ctx[i] for i in rows], dtype=torch.long)
+        mask = torch.arange(max_blocks * block_size).unsqueeze(0) < ctx.unsqueeze(1)
+        groups.append(DecodeGroup(
+            rows=None if len(grouping) == 1 else torch.tensor(rows, dtype=torch.long, device=device),
+            num_seqs=len(rows),
+            block_ids=torch.tensor(padded, dtype=torch.long, device=device),
+            mask=mask.view(len(rows), 1, 1, -1).to(device),
+            context_len=d_ctx[rows[0]] if len(rows) == 1 else None,
+        ))
+    return tuple(groups)
 
 
 def paged_attention(
@@ -194,7 +213,7 @@ def paged_attention(
             qs[None], ks[None], vs[None], attn_mask=p.mask, is_causal=p.mask is None, scale=scale
         )
         out[p.token_start:p.token_end] = o[0].transpose(0, 1)
-    if batch.decode_groups:
+    if batch.decode_start < batch.num_tokens:
         out[batch.decode_start:] = _decode_rows(q[batch.decode_start:], kv, layer, batch, group, scale)
     return out
 
@@ -207,7 +226,7 @@ def _decode_rows(
     if batch.decode_tables is not None and decode_ops.native_for(q) and heads_dense:
         return decode_ops.paged_decode_attention(q, kv.k[layer], kv.v[layer], batch.decode_tables,
                                                  batch.decode_context_lens, batch.block_size, scale)
-    groups = batch.decode_groups
+    groups = batch.groups()
     if len(groups) == 1 and groups[0].rows is None:
         return _decode(q, kv, layer, groups[0], group, scale)
     out = torch.empty_like(q)

@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+from flotilla_server.model import decode_ops
 from flotilla_server.model.attention import AttentionBatch, group_decode_rows, paged_attention
 from flotilla_server.model.kv_tensors import KVCacheTensors
 
@@ -14,7 +15,7 @@ def test_slot_mapping_follows_the_block_tables():
     b = AttentionBatch.build([3, 1], [5, 18], [[7], [2, 4, 9]], block_size=8, device="cpu")
     # seq 0: positions 2..4 in block 7; seq 1: position 17 is offset 1 of its third block (9)
     assert b.slot_mapping.tolist() == [58, 59, 60, 9 * 8 + 1]
-    assert len(b.prefills) == 1 and b.decode_start == 3 and len(b.decode_groups) == 1
+    assert len(b.prefills) == 1 and b.decode_start == 3 and len(b.groups()) == 1
 
 
 def test_decode_rows_group_by_length():
@@ -85,3 +86,20 @@ def test_matches_dense_attention(heads, kv_heads, seed, num_decode):
                                     context_len, query_len, 0.3)
         torch.testing.assert_close(out[start:start + query_len], expected, atol=1e-5, rtol=1e-5)
         start += query_len
+
+
+@pytest.mark.skipif(not decode_ops.NATIVE, reason="the native kernels are not built (make setup builds them)")
+def test_the_torch_paths_decode_groups_are_built_only_when_it_runs():
+    """A float32 CPU decode step takes the native attention, which reads the block tables as they are: the torch
+    path's padded groups are never built for it; a bfloat16 step builds them on first use, and the same rows."""
+    kv = KVCacheTensors.allocate(1, 8, 4, 2, 16, torch.float32, "cpu")
+    kv.k[0].normal_(), kv.v[0].normal_()
+    batch = AttentionBatch.build([1, 1], [5, 9], [[1, 2], [3, 4, 5]], block_size=4, device="cpu")
+    q = torch.randn(2, 4, 16)
+    with torch.inference_mode():
+        native = paged_attention(q, q[:, :2], q[:, :2], kv, 0, batch, 0.25)
+        assert batch.decode_groups is None
+        kv16 = KVCacheTensors(k=[kv.k[0].bfloat16()], v=[kv.v[0].bfloat16()], num_blocks=8, block_size=4)
+        torch_path = paged_attention(q.bfloat16(), None, None, kv16, 0, batch, 0.25)
+    assert batch.decode_groups is not None and len(batch.groups()) >= 1
+    torch.testing.assert_close(torch_path.float(), native, atol=3e-2, rtol=3e-2)
