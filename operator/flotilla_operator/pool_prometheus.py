@@ -21,11 +21,11 @@ from flotilla_contract.metrics import (
 
 from flotilla_operator.pool_manifests import POOL_SERIES_LABEL
 from flotilla_operator.prometheus import (
-    BAD_RESPONSE,
     PoolSample,
     PrometheusClient,
-    PrometheusError,
+    bad_shape,
     batch_parts,
+    labelled_union,
     parse_pool,
 )
 
@@ -58,7 +58,7 @@ def aggregate_query(namespace: str, pool: str, models: Iterable[str]) -> str:
         ("held", f"sum({GATEWAY_REQUESTS_HELD}{held})"),
         *batch_parts(servers),
     ]
-    return " or ".join(f'label_replace({expr}, "part", "{name}", "", "")' for name, expr in parts)
+    return labelled_union(parts)
 
 
 def active_query(namespace: str, pool: str, models: Iterable[str], window_s: int) -> str:
@@ -85,7 +85,7 @@ def parse_active(body: object) -> frozenset[str]:
             raise ValueError("status is not success")
         return frozenset(r["metric"]["model"] for r in body["data"]["result"] if "model" in r["metric"])
     except (KeyError, TypeError, ValueError) as e:
-        raise PrometheusError(BAD_RESPONSE, f"Prometheus answered in an unexpected shape ({e}): {body!r:.300}") from e
+        raise bad_shape(body, e) from e
 
 
 def parse_held(body: object) -> float:

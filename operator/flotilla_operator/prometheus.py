@@ -79,20 +79,34 @@ def pool_query(namespace: str, model: str) -> str:
         ("held", f"sum({GATEWAY_REQUESTS_HELD}{held_selector})"),
         *batch_parts(selector),
     ]
+    return labelled_union(parts)
+
+
+def labelled_union(parts: list[tuple[str, str]]) -> str:
+    """One query for several expressions: each result row labelled `part` with its expression's name."""
     return " or ".join(f'label_replace({expr}, "part", "{name}", "", "")' for name, expr in parts)
+
+
+def vector_rows(body: object) -> list:
+    """The rows of a /api/v1/query answer of type vector; ValueError (or KeyError, TypeError) on another shape."""
+    if not isinstance(body, dict) or body.get("status") != "success":
+        raise ValueError("status is not success")
+    data = body["data"]
+    if data["resultType"] != "vector":
+        raise ValueError(f"resultType {data['resultType']!r} is not vector")
+    return data["result"]
+
+
+def bad_shape(body: object, error: Exception) -> PrometheusError:
+    return PrometheusError(BAD_RESPONSE, f"Prometheus answered in an unexpected shape ({error}): {body!r:.300}")
 
 
 def parse_pool(body: object) -> PoolSample:
     """The sample from a /api/v1/query answer to `pool_query`; absent parts mean no series (zero)."""
     try:
-        if not isinstance(body, dict) or body.get("status") != "success":
-            raise ValueError("status is not success")
-        data = body["data"]
-        if data["resultType"] != "vector":
-            raise ValueError(f"resultType {data['resultType']!r} is not vector")
-        values = {r["metric"]["part"]: float(r["value"][1]) for r in data["result"]}
+        values = {r["metric"]["part"]: float(r["value"][1]) for r in vector_rows(body)}
     except (KeyError, TypeError, ValueError, IndexError) as e:
-        raise PrometheusError(BAD_RESPONSE, f"Prometheus answered in an unexpected shape ({e}): {body!r:.300}") from e
+        raise bad_shape(body, e) from e
     return PoolSample(
         waiting=values.get("waiting", 0.0),
         running=values.get("running", 0.0),

@@ -14,7 +14,13 @@ from dataclasses import dataclass
 
 from flotilla_contract.metrics import INTER_TOKEN_LATENCY_SECONDS, TIME_TO_FIRST_TOKEN_SECONDS
 
-from flotilla_operator.prometheus import BAD_RESPONSE, PrometheusClient, PrometheusError, model_selector
+from flotilla_operator.prometheus import (
+    PrometheusClient,
+    bad_shape,
+    labelled_union,
+    model_selector,
+    vector_rows,
+)
 from flotilla_operator.slo_scaler import SloTargets
 
 Buckets = tuple[tuple[float, float], ...]  # (upper bound `le`, cumulative count), ascending; +Inf last
@@ -41,26 +47,21 @@ def latency_query(namespace: str, model: str, slo: SloTargets) -> str:
             continue
         buckets = f"sum by (le) (increase({metric}_bucket{selector}{window}))"
         parts += [(name, f"histogram_quantile({percentile:g}, {buckets})"), (f"{name}_bucket", buckets)]
-    return " or ".join(f'label_replace({expr}, "part", "{name}", "", "")' for name, expr in parts)
+    return labelled_union(parts)
 
 
 def parse_latency(body: object) -> LatencyReading:
     try:
-        if not isinstance(body, dict) or body.get("status") != "success":
-            raise ValueError("status is not success")
-        data = body["data"]
-        if data["resultType"] != "vector":
-            raise ValueError(f"resultType {data['resultType']!r} is not vector")
         values: dict[str, float] = {}
         buckets: dict[str, list[tuple[float, float]]] = {"ttft_bucket": [], "tpot_bucket": []}
-        for row in data["result"]:
+        for row in vector_rows(body):
             part, value = row["metric"]["part"], float(row["value"][1])
             if part in buckets:
                 buckets[part].append((float(row["metric"]["le"]), value))
             else:
                 values[part] = value
     except (KeyError, TypeError, ValueError, IndexError) as e:
-        raise PrometheusError(BAD_RESPONSE, f"Prometheus answered in an unexpected shape ({e}): {body!r:.300}") from e
+        raise bad_shape(body, e) from e
 
     def percentile(name: str) -> float | None:
         value = values.get(name)
