@@ -22,7 +22,7 @@ from flotilla_operator.slo_status import slo_targets
 from flotilla_sim.agreement import Agreement, compare
 from flotilla_sim.replay import E2EScenario, replay
 
-from e2e.harness import Tick
+from e2e.harness import Loop, Tick
 from e2e.load import LoadReport
 from tests.support.prometheus import RealPrometheus
 
@@ -90,6 +90,21 @@ def check(name: str, real_ticks: list[Tick], start_epoch_s: float, sim: E2EScena
               f"{served['served']:.0f} completed, {served['rejected_429']:.0f} x 429")
     print(agreement.table(notes))
     return agreement
+
+
+def check_scale_out(loop: Loop, name: str, ticks: list[Tick], load_epoch_s: float, queue_epoch_s: float,
+                    stopped_epoch_s: float, clients: int, max_tokens: int, interval_s: float,
+                    load: LoadReport) -> Agreement:
+    """`check` of a run that scaled out under a closed-loop load: its start-up measured from the first
+    scale-up decision to each new replica's first answer, its scrape lag from the load's start to the queue's
+    first sample, and its engine steps from Prometheus."""
+    up_decision_s = next(t for t, n, _ in ticks if n > 1)  # the decision; its PATCH follows at once
+    starts = [t - up_decision_s for t in loop.runner.ready_epochs[name] if t > up_decision_s]
+    assert starts, loop.runner.ready_epochs
+    sim = scenario(loop.model(name), start_up_s=sum(starts) / len(starts), scrape_lag_s=queue_epoch_s - load_epoch_s,
+                   steps_s=step_times(loop.prometheus, name, load_epoch_s), clients=clients, max_tokens=max_tokens,
+                   stop_s=stopped_epoch_s - load_epoch_s)
+    return check(name, ticks, load_epoch_s, sim, interval_s, load)
 
 
 def _range_ms(steps_s: tuple[tuple[float, float], ...]) -> str:

@@ -22,7 +22,7 @@ import time
 from e2e.conftest import AUTOSCALE_INTERVAL_S, SERVER_START_S, SETTLE_S
 from e2e.harness import Loop, Recorder, epoch, inference_model, monotone
 from e2e.load import LoadGenerator
-from e2e.sim_replay import check, first_sample_s, scenario, step_times
+from e2e.sim_replay import check_scale_out, first_sample_s
 
 NAME = "cycle"
 WINDOW_S = 12  # scaleDownStabilizationSeconds
@@ -91,14 +91,8 @@ def test_scale_out_under_load_and_back_after_the_window(loop: Loop) -> None:
         assert auto["lastScaleTime"] and auto["recommendations"]
 
         # The simulator's replay of this run, from what the run measured.
-        ticks = recorder.ticks(load_epoch_s)
-        scaled_up_epoch_s = next(t for t, n, _ in ticks if n > 1)  # the decision; its PATCH follows at once
-        starts = [t - scaled_up_epoch_s for t in loop.runner.ready_epochs[NAME] if t > scaled_up_epoch_s]
-        assert starts, loop.runner.ready_epochs
-        sim = scenario(loop.model(NAME), start_up_s=sum(starts) / len(starts), scrape_lag_s=queue_epoch_s - load_epoch_s,
-                       steps_s=step_times(loop.prometheus, NAME, load_epoch_s), clients=CLIENTS, max_tokens=MAX_TOKENS,
-                       stop_s=stopped_epoch_s - load_epoch_s)
-        agreement = check(NAME, ticks, load_epoch_s, sim, AUTOSCALE_INTERVAL_S, report)
+        agreement = check_scale_out(loop, NAME, recorder.ticks(load_epoch_s), load_epoch_s, queue_epoch_s,
+                                    stopped_epoch_s, CLIENTS, MAX_TOKENS, AUTOSCALE_INTERVAL_S, report)
         assert agreement.ok, agreement.table()
     finally:
         loop.delete(NAME)

@@ -25,7 +25,7 @@ import time
 from e2e.conftest import AUTOSCALE_INTERVAL_S, SERVER_START_S, SETTLE_S
 from e2e.harness import Loop, Recorder, inference_model, monotone
 from e2e.load import LoadGenerator
-from e2e.sim_replay import check, first_sample_s, scenario, step_times
+from e2e.sim_replay import check_scale_out, first_sample_s
 
 NAME = "slo-cycle"
 CLIENTS = 5  # 2 slots per replica: one replica queues 3, three hold all 5 in slots
@@ -89,14 +89,8 @@ def test_a_missed_ttft_scales_out_holds_steady_and_scales_back(loop: Loop) -> No
         assert figures["windowSeconds"] == SLO_WINDOW_S and "signal" in figures, figures
 
         # The simulator's replay of this run: the same decisions on simulated histograms.
-        ticks = recorder.ticks(load_epoch_s)
-        up_decision_s = next(t for t, n, _ in ticks if n > 1)
-        starts = [t - up_decision_s for t in loop.runner.ready_epochs[NAME] if t > up_decision_s]
-        assert starts, loop.runner.ready_epochs
-        sim = scenario(loop.model(NAME), start_up_s=sum(starts) / len(starts), scrape_lag_s=queue_epoch_s - load_epoch_s,
-                       steps_s=step_times(loop.prometheus, NAME, load_epoch_s), clients=CLIENTS, max_tokens=MAX_TOKENS,
-                       stop_s=stopped_epoch_s - load_epoch_s)
-        agreement = check(NAME, ticks, load_epoch_s, sim, AUTOSCALE_INTERVAL_S, report)
+        agreement = check_scale_out(loop, NAME, recorder.ticks(load_epoch_s), load_epoch_s, queue_epoch_s,
+                                    stopped_epoch_s, CLIENTS, MAX_TOKENS, AUTOSCALE_INTERVAL_S, report)
         assert agreement.ok, agreement.table()
     finally:
         loop.delete(NAME)

@@ -16,23 +16,32 @@ from flotilla_operator.autoscaler import AutoscalerState, Decision, Recommendati
 from flotilla_operator.rfc3339 import format_time, parse_time
 
 
-def state_from_status(autoscaler_status: dict[str, Any] | None) -> AutoscalerState:
-    """The remembered state; entries that cannot be read are dropped rather than failing the loop."""
-    status = autoscaler_status or {}
+def read_recommendations(entries: Any) -> tuple[Recommendation, ...]:
+    """A status list of {time, replicas}, oldest first; entries that cannot be read are dropped rather than
+    failing the loop (the SLO scaler's memory, slo_status.py, keeps its list the same way)."""
     recommendations = []
-    for entry in status.get("recommendations") or []:
+    for entry in entries or []:
         try:
             recommendations.append(Recommendation(parse_time(entry["time"]), int(entry["replicas"])))
         except (KeyError, TypeError, ValueError):
             continue
+    return tuple(sorted(recommendations, key=lambda r: r.time_s))
+
+
+def written_recommendations(recommendations: tuple[Recommendation, ...]) -> list[dict[str, Any]]:
+    return [{"time": format_time(r.time_s), "replicas": r.replicas} for r in recommendations]
+
+
+def state_from_status(autoscaler_status: dict[str, Any] | None) -> AutoscalerState:
+    """The remembered state; entries that cannot be read are dropped rather than failing the loop."""
+    status = autoscaler_status or {}
     idle_since_s = None
     if status.get("idleSince"):
         try:
             idle_since_s = parse_time(status["idleSince"])
         except (TypeError, ValueError):
             idle_since_s = None
-    recommendations.sort(key=lambda r: r.time_s)
-    return AutoscalerState(tuple(recommendations), idle_since_s)
+    return AutoscalerState(read_recommendations(status.get("recommendations")), idle_since_s)
 
 
 def status_patch(
@@ -46,9 +55,7 @@ def status_patch(
         "lastReason": decision.reason,
         "lastScaleTime": format_time(now_s) if changed else last_scale_time,
         "queueDepth": round(waiting) if waiting is not None else None,
-        "recommendations": [
-            {"time": format_time(r.time_s), "replicas": r.replicas} for r in state.recommendations
-        ],
+        "recommendations": written_recommendations(state.recommendations),
         "idleSince": format_time(state.idle_since_s) if state.idle_since_s is not None else None,
     }
 

@@ -12,7 +12,8 @@ from typing import Any
 from flotilla_contract.metrics import TIME_TO_FIRST_TOKEN_SECONDS
 
 from flotilla_operator import types
-from flotilla_operator.autoscaler import REASON_METRICS_UNAVAILABLE, Recommendation
+from flotilla_operator.autoscaler import REASON_METRICS_UNAVAILABLE
+from flotilla_operator.autoscaler_status import read_recommendations, written_recommendations
 from flotilla_operator.rfc3339 import format_time, parse_time
 from flotilla_operator.slo_prometheus import LatencyReading, fraction_within
 from flotilla_operator.slo_scaler import REASON_NOT_MEASURED, LatencySample, SloDecision, SloState, SloTargets
@@ -52,15 +53,8 @@ def _time(text: Any) -> float | None:
 def state_from_status(autoscaler_status: dict[str, Any] | None) -> SloState:
     """The remembered state; entries that cannot be read are dropped rather than failing the loop."""
     status = (autoscaler_status or {}).get("slo") or {}
-    recommendations = []
-    for entry in status.get("recommendations") or []:
-        try:
-            recommendations.append(Recommendation(parse_time(entry["time"]), int(entry["replicas"])))
-        except (KeyError, TypeError, ValueError):
-            continue
-    recommendations.sort(key=lambda r: r.time_s)
     ready = status.get("readyReplicas")
-    return SloState(tuple(recommendations), int(ready) if isinstance(ready, int) else None,
+    return SloState(read_recommendations(status.get("recommendations")), int(ready) if isinstance(ready, int) else None,
                     _time(status.get("readyGrewAt")), _time(status.get("scaledDownAt")))
 
 
@@ -69,7 +63,7 @@ def state_patch(state: SloState) -> dict[str, Any]:
     def stamp(t: float | None) -> str | None:
         return format_time(t) if t is not None else None
 
-    return {"recommendations": [{"time": format_time(r.time_s), "replicas": r.replicas} for r in state.recommendations],
+    return {"recommendations": written_recommendations(state.recommendations),
             "readyReplicas": state.ready_seen, "readyGrewAt": stamp(state.ready_grew_at_s),
             "scaledDownAt": stamp(state.scaled_down_at_s)}
 

@@ -68,26 +68,24 @@ template <int W> INLINE void store(float* p, VecF<W> v) { std::memcpy(p, &v, siz
 // a loop of lane stores became up to 16 masked broadcasts in a loop (GCC 12)
 template <int W> INLINE VecF<W> splat(float x) { return VecF<W>{} + x; }
 
-template <int W> INLINE float sum_lanes(VecF<W> v) {
+// the W lanes folded into one by `op`, halves first (a fixed tree: the same bits on every call)
+template <int W, typename Op> INLINE float fold_lanes(VecF<W> v, Op op) {
   if constexpr (W == 1) {
     return v[0];
   } else {
     VecF<W / 2> low, high;
     std::memcpy(&low, &v, sizeof low);
     std::memcpy(&high, reinterpret_cast<const char*>(&v) + sizeof low, sizeof high);
-    return sum_lanes<W / 2>(low + high);
+    return fold_lanes<W / 2>(op(low, high), op);
   }
 }
 
+template <int W> INLINE float sum_lanes(VecF<W> v) {
+  return fold_lanes<W>(v, [](auto a, auto b) { return a + b; });
+}
+
 template <int W> INLINE float max_lanes(VecF<W> v) {
-  if constexpr (W == 1) {
-    return v[0];
-  } else {
-    VecF<W / 2> low, high;
-    std::memcpy(&low, &v, sizeof low);
-    std::memcpy(&high, reinterpret_cast<const char*>(&v) + sizeof low, sizeof high);
-    return max_lanes<W / 2>(low > high ? low : high);
-  }
+  return fold_lanes<W>(v, [](auto a, auto b) { return a > b ? a : b; });
 }
 
 // sums_of_lanes: W vectors' lane sums as one vector (lane k: the sum of a[k]'s lanes), by a tree of
