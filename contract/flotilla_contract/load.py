@@ -13,6 +13,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 LOAD_PATH = "/flotilla/v1/load"
+# A multi-model server loads the model named in the path as a request would, without one: POST, answered 202 while
+# it loads (200 when it is loaded already). The operator's demotion of an adaptive model asks the pool to load it
+# this way before the gateway routes to the pool (docs/autoscaling.md, "Adaptive tiering").
+MODEL_LOAD_PATH = "/flotilla/v1/models/{name}/load"
 # The gateway names each request's prompt prefix (a hash of its routing key) in this header; a server reports
 # back which of those names its prefix cache holds (ServerLoad.prefix_keys), for `prefix` routing.
 PREFIX_KEY_HEADER = "X-Flotilla-Prefix-Key"

@@ -43,7 +43,9 @@ def retry_after_s(route: ModelRoute) -> int:
 
 
 def admit(route: ModelRoute, held: int, draining: bool) -> Admission:
-    if route.degraded is not None:
+    # Degraded with no ready pod: nothing will come to serve it, so never held. With ready pods it is served:
+    # a rolled-back tier move, a failing new pod or a refused adapter leaves the pods that work working.
+    if route.degraded is not None and not route.pods:
         return Admission("refuse", status=503, code="model_degraded",
                          message=f"The model {route.name!r} (InferenceModel {route.namespace}/{route.resource}) "
                                  f"is Degraded: {route.degraded}. Fix the InferenceModel; "

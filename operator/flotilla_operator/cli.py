@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--drift-interval-s", type=float, default=60.0,
         help="seconds between re-applications of the desired state, which corrects drift (default: %(default)s)",
     )
+    parser.add_argument(
+        "--tier-moves-per-hour", type=int, default=20,
+        help="moves of adaptive models between their pool and dedicated replicas that may start in any hour, "
+        "fleet-wide (placement.policy adaptive; default: %(default)s)",
+    )
     return parser
 
 
@@ -90,6 +95,7 @@ def settings_from_args(args: argparse.Namespace) -> OperatorSettings:
         metrics_port=args.metrics_port,
         autoscale_interval_s=args.autoscale_interval_s,
         drift_interval_s=args.drift_interval_s,
+        tier_moves_per_hour=args.tier_moves_per_hour,
     )
 
 

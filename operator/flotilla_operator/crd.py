@@ -161,6 +161,7 @@ INFERENCE_MODEL = Kind(
         {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
         {"name": "Policy", "type": "string", "jsonPath": ".spec.placement.policy"},
         {"name": "Pool", "type": "string", "jsonPath": ".status.pool"},
+        {"name": "Tier", "type": "string", "jsonPath": ".status.tier"},
         {"name": "Desired", "type": "integer", "jsonPath": ".status.desiredReplicas"},
         {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
         {"name": "Queue", "type": "integer", "jsonPath": ".status.autoscaler.queueDepth"},

@@ -39,3 +39,13 @@ PROMETHEUS_QUERY_FAILURES = Counter(
     "Prometheus queries by the autoscaler that failed or returned no data.",
     ["reason"],
 )
+TIER_DECISIONS = Counter(
+    "flotilla_operator_tier_decisions_total",
+    "Adaptive tier decisions, by the rule that decided (tiering.py's reasons).",
+    ["namespace", "model", "reason"],
+)
+TIER_MOVES = Counter(
+    "flotilla_operator_tier_moves_total",
+    "Moves of adaptive models between their pool and dedicated replicas: started, done or rolled_back, by target tier.",
+    ["namespace", "model", "to", "outcome"],
+)

@@ -17,6 +17,7 @@ from flotilla_operator.types import PlacementSpec
 
 LATENCY_FIRST = "latency-first"
 COST_FIRST = "cost-first"
+ADAPTIVE = "adaptive"  # its dedicated replicas are placed latency-first; in its pool, the pool's placement holds
 
 HOSTNAME_KEY = "kubernetes.io/hostname"
 ZONE_KEY = "topology.kubernetes.io/zone"
@@ -99,7 +100,7 @@ def render_placement(
     spec: PlacementSpec, selector: dict[str, str], gpus: int = 0, gpu_type: str | None = None
 ) -> Placement:
     """The placement of a model's pods; `selector` are the labels that select exactly its pods."""
-    if spec.policy == LATENCY_FIRST:
+    if spec.policy in (LATENCY_FIRST, ADAPTIVE):
         affinity, spread, tolerations = _latency_first(selector)
         pdb_min_available: int | None = 1
         rolling = {"maxSurge": 1, "maxUnavailable": 0}  # never dip below the serving capacity
@@ -108,7 +109,7 @@ def render_placement(
         pdb_min_available = None
         rolling = {"maxSurge": 0, "maxUnavailable": 1}  # never rent an extra GPU for a rollout
     else:
-        raise ValueError(f"placement.policy must be latency-first or cost-first, got {spec.policy!r}")
+        raise ValueError(f"placement.policy must be latency-first, cost-first or adaptive, got {spec.policy!r}")
     if gpus > 0:
         tolerations.append(dict(GPU_TOLERATION))
     node_selector = {GPU_PRODUCT_LABEL: gpu_type} if gpus > 0 and gpu_type else {}
@@ -119,7 +120,7 @@ def render_placement(
         topology_spread_constraints=spread,
         tolerations=_merge_tolerations(tolerations, user_tolerations),
         node_selector=node_selector,
-        priority_class_name=spec.priority_class_name or PRIORITY_CLASS[spec.policy],
+        priority_class_name=spec.priority_class_name or PRIORITY_CLASS[LATENCY_FIRST if spec.policy == ADAPTIVE else spec.policy],
         pdb_min_available=pdb_min_available,
         rolling_update=rolling,
     )

@@ -30,6 +30,10 @@ INTRO = """\
 | rollout | `maxSurge: 1, maxUnavailable: 0` (never below capacity) | `maxSurge: 0, maxUnavailable: 1` (never an extra GPU) |
 | scale-down | slow (long stabilization) | quick |
 
+A third policy, `adaptive`, needs `spec.pool` and moves the model between that ModelPool (where the pool's
+own placement applies) and dedicated replicas placed latency-first, from its traffic and SLO
+(docs/autoscaling.md, "Adaptive tiering").
+
 Node pools are *preferred*, never required, and the zone spread is `ScheduleAnyway`, so a cluster
 without pool or zone labels still schedules both policies. The priority classes ship with the
 chart (and in `deploy/priorityclasses.yaml`); a model may name another in `priorityClassName`.

@@ -7,16 +7,17 @@ member without a restart, so a pool takes only members whose weights its pods re
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from flotilla_contract.model_list import ListEntry, entry_problem, format_model_list
 
 from flotilla_operator.adapters import claim_mount_path
 from flotilla_operator.model_source import MODELS_DIR
-from flotilla_operator.placement import COST_FIRST
 from flotilla_operator.pool_types import ModelPoolSpec
 from flotilla_operator.status import Problem
+from flotilla_operator.tier_state import model_children
 from flotilla_operator.types import InferenceModelSpec
 
 SOURCE_NOT_POOLABLE = "SourceNotPoolable"
@@ -40,9 +41,11 @@ class Member:
     adapters: tuple[MemberAdapter, ...] = ()  # spec.adapters, as lines `NAME=SOURCE base=MODEL` of the file
 
 
-def joins_pool(spec: InferenceModelSpec) -> bool:
-    """A cost-first model naming a pool joins it; a latency-first one keeps its own Deployment."""
-    return spec.pool is not None and spec.placement.policy == COST_FIRST
+def joins_pool(spec: InferenceModelSpec, status: Mapping[str, Any] | None = None) -> bool:
+    """Whether the pool's members file lists the model: a cost-first model naming a pool joins it; an adaptive
+    one is listed while its tier (status, tier_state.py) has it in the pool or moving in or out; a latency-first
+    one keeps its own Deployment."""
+    return model_children(spec, status, 0).pool_member
 
 
 def member_source(spec: InferenceModelSpec, pool: ModelPoolSpec) -> str | Problem:
@@ -113,11 +116,13 @@ def member_adapters(spec: InferenceModelSpec, pool: ModelPoolSpec) -> tuple[Memb
     return tuple(found)
 
 
-def members(models: Iterable[tuple[str, InferenceModelSpec]], pool_name: str, pool: ModelPoolSpec) -> list[Member]:
-    """The pool's members, by served name: cost-first models naming it whose source it can load."""
+def members(models: Iterable[tuple[str, InferenceModelSpec]], pool_name: str, pool: ModelPoolSpec,
+            statuses: Mapping[str, Mapping[str, Any]] | None = None) -> list[Member]:
+    """The pool's members, by served name: models naming it that join it (`statuses`, by InferenceModel name, say
+    where adaptive ones are) and whose source it can load."""
     found = []
     for name, spec in models:
-        if spec.pool != pool_name or not joins_pool(spec):
+        if spec.pool != pool_name or not joins_pool(spec, (statuses or {}).get(name)):
             continue
         source = member_source(spec, pool)
         adapters = member_adapters(spec, pool)

@@ -51,7 +51,7 @@ async def list_members(ctx: Context, namespace: str, pool_name: str, spec: pool_
     name (a pool serves a name for its holder only, the model the gateway routes it to: served_names.py)."""
     claimants = await list_claimants(ctx.kube, namespace)
     held = holders(claimants)
-    models = []
+    models, statuses = [], {}
     for obj in claimants:
         meta = obj["metadata"]
         if meta.get("namespace") != namespace or meta.get("deletionTimestamp"):
@@ -62,7 +62,8 @@ async def list_members(ctx: Context, namespace: str, pool_name: str, spec: pool_
             continue  # its own reconcile reports InvalidSpec
         if name_conflict(model_spec.model.name, meta.get("uid", ""), held) is None:  # else its own reconcile reports it
             models.append((meta["name"], model_spec))
-    return members(models, pool_name, spec)
+            statuses[meta["name"]] = obj.get("status") or {}
+    return members(models, pool_name, spec, statuses)
 
 
 async def drop_missing_adapter_claims(ctx: Context, namespace: str, found: list[Member]

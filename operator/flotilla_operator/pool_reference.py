@@ -32,7 +32,10 @@ A cost-first `InferenceModel` with `spec.pool: NAME` joins the pool `NAME` in it
 - its `spec.replicas`, `spec.scaling` and scale subresource do not apply (its `ScalingActive` condition
   says `ScaledByPool`); its `status.replicas`/`readyReplicas`/`phase` report the pool's pods, and
   `status.pool` names the pool (the `Pool` column of `kubectl get im`);
-- a latency-first model keeps its dedicated Deployment even when it names a pool.
+- a latency-first model keeps its dedicated Deployment even when it names a pool;
+- an adaptive model (`placement.policy: adaptive`) is a member while its `status.tier` is `pool`, and during
+  a move in or out of the pool; the operator moves it from its traffic and SLO, make-before-break
+  (docs/autoscaling.md, "Adaptive tiering").
 
 **Sources.** A pod's spec cannot grow an init container per new member without restarting, so a pool
 takes only members its pods can load as they are:

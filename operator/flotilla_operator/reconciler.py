@@ -20,6 +20,7 @@ import pydantic
 
 from flotilla_operator import adapter_status, metrics, pod_health, rfc3339, types
 from flotilla_operator.adapters import adapter_claims
+from flotilla_operator.adaptive_manifests import ADAPTIVE_PRUNABLE_KINDS, adaptive_children
 from flotilla_operator.apply import execute, observe
 from flotilla_operator.deprecations import deprecations
 from flotilla_operator.events import object_ref, post_event
@@ -31,6 +32,7 @@ from flotilla_operator.manifests import (
     endpoint,
     pod_selector_string,
 )
+from flotilla_operator.placement import ADAPTIVE
 from flotilla_operator.plan import plan
 from flotilla_operator.pool_join import member_children, pool_serving
 from flotilla_operator.pool_members import joins_pool
@@ -39,6 +41,8 @@ from flotilla_operator.served_names import NAME_CONFLICT, holders, name_conflict
 from flotilla_operator.settings import OperatorSettings
 from flotilla_operator.status import Observed, Problem, compute_status, status_changed
 from flotilla_operator.status_writer import write_status as write_model_status
+from flotilla_operator.tier_moves import DRAINING
+from flotilla_operator.tier_state import model_children, read_state
 
 # the children a spec change can make unwanted (cost-first drops the PDB; networkPolicy.enabled: false its policy;
 # removing the last adapter the adapter list ConfigMap)
@@ -110,7 +114,10 @@ async def reconcile(ctx: Context, body: dict[str, Any], logger: logging.Logger |
         return
     owner = Owner(name, namespace, uid, spec)
     conflict = name_conflict(spec.model.name, uid, holders(await list_claimants(ctx.kube, namespace)))
-    if joins_pool(spec):  # a cost-first member of a ModelPool: no Deployment of its own (pool_join.py)
+    status = body.get("status") or {}
+    if spec.placement.policy == ADAPTIVE:  # in its pool, on its own replicas, or moving between them (tier_state.py)
+        desired, prunable, problems = await _adaptive_children(ctx, owner, status, conflict)
+    elif joins_pool(spec):  # a cost-first member of a ModelPool: no Deployment of its own (pool_join.py)
         desired, prunable, problems = await member_children(ctx.kube, owner, ctx.settings.default_image, conflict)
     else:
         problems = [*([conflict] if conflict else []), *await find_problems(ctx.kube, namespace, spec)]
@@ -139,6 +146,27 @@ async def reconcile(ctx: Context, body: dict[str, Any], logger: logging.Logger |
         if message not in old_deprecations:
             logger.info(message)
             await post_event(ctx.kube, ref, "Warning", "DeprecatedField", message)
+
+
+async def _adaptive_children(ctx: Context, owner: Owner, status: dict[str, Any], conflict: Problem | None
+                             ) -> tuple[list[dict[str, Any]], tuple[tuple[str, str], ...], list[Problem]]:
+    """(desired children, prunable kinds, problems) of an adaptive model: its tier's children, the problems of
+    both tiers it has children in, and the Degraded reason of a move that was rolled back (status.tiering)."""
+    spec = owner.spec
+    tier = model_children(spec, status, desired_replicas(spec))
+    own_problems = await find_problems(ctx.kube, owner.namespace, spec)  # its dedicated pods could not start
+    problems = [*([conflict] if conflict else []), *own_problems]
+    if tier.pool_member:  # the tiering handler moves a model its pool cannot take to dedicated replicas
+        problems += (await member_children(ctx.kube, owner, ctx.settings.default_image, None))[2]
+    rolled_back = (status.get("tiering") or {}).get("degraded")
+    if isinstance(rolled_back, dict) and rolled_back.get("reason"):
+        problems.append(Problem(rolled_back["reason"], rolled_back.get("message", "")))
+    move = read_state(status).move
+    draining = move is not None and move.phase == DRAINING and move.to == "pool"
+    desired = adaptive_children(owner, ctx.settings.default_image, ctx.monitoring, tier, keep_deployment=draining)
+    if own_problems:
+        desired = [child for child in desired if child["kind"] != "Deployment"]
+    return desired, ADAPTIVE_PRUNABLE_KINDS, problems
 
 
 def _condition_message(status: dict[str, Any] | None, type_: str) -> str:
@@ -187,7 +215,7 @@ async def write_status(ctx: Context, namespace: str, name: str, problems: list[P
         try:
             spec = types.parse_spec(obj.get("spec") or {})
             desired, max_replicas, served_name = desired_replicas(spec), spec.scaling.max_replicas, spec.model.name
-            pool_name = spec.pool if joins_pool(spec) else None
+            pool_name = spec.pool if model_children(spec, previous, 0).routed_to_pool else None
             deprecated = tuple(deprecations(spec))
             adapter_names = [adapter.name for adapter in spec.adapters]
         except pydantic.ValidationError:

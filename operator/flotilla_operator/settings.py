@@ -24,6 +24,7 @@ class OperatorSettings:
     metrics_port: int = 8080
     autoscale_interval_s: float = 15.0
     drift_interval_s: float = 60.0
+    tier_moves_per_hour: int = 20  # adaptive models' moves that may start in any hour, fleet-wide
     extra: dict[str, str] = field(default_factory=dict)  # free-form knobs for tests and plug-ins
 
     def __post_init__(self) -> None:
@@ -33,6 +34,8 @@ class OperatorSettings:
             raise ValueError("--namespace and --all-namespaces exclude each other; pick one")
         if self.autoscale_interval_s <= 0 or self.drift_interval_s <= 0:
             raise ValueError("--autoscale-interval-s and --drift-interval-s must be > 0")
+        if self.tier_moves_per_hour < 1:
+            raise ValueError("--tier-moves-per-hour must be >= 1")
         if not self.standalone and not self.peering:
             raise ValueError("give --peering NAME or --standalone")
         if self.peering_lifetime_s < 5:

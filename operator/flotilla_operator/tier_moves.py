@@ -30,7 +30,8 @@ Phases (issue 37, part 4):
 Rules:
 - the tier that serves is the source until SWITCHING, the target from then: the route changes only once the
   target is ready, so the model is never served from neither tier;
-- STARTING or LOADING past `start_timeout_s` rolls back: the target's children are removed, the tier stays,
+- STARTING or LOADING past `start_timeout_s` rolls back, and LOADING at once when the pool refuses the model
+  (its memory budget cannot hold it): the target's children are removed, the tier stays,
   and the answer carries a Degraded reason (pods unschedulable, a load that never finishes);
 - once the route has switched there is no rollback: DRAINING only waits, up to `drain_timeout_s` for a pool
   that does not report the unload or pods that do not go (the source's children are gone from the spec
@@ -91,6 +92,7 @@ class Seen:
     dedicated_ready: int  # ready replicas of its Deployment
     dedicated_pods: int  # pods of its Deployment, ready or not (0: drained)
     pool_loaded: bool  # the pool's servers report the model loaded and ready
+    pool_refusal: str | None = None  # why the pool cannot load the model (its budget cannot hold it); None: it can
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,12 @@ class Step:
     children: Children
     event: tuple[str, str] | None = None  # (reason, message) of a phase change
     degraded: str | None = None  # the Degraded reason of a rolled-back move
+
+
+def children(tier: str, move: Move | None, dedicated_replicas: int) -> Children:
+    """What the children of a model in `tier` should be, at rest (`move` None) or during `move`;
+    `dedicated_replicas`: the replicas its Deployment has now (the autoscaler's answer)."""
+    return settled(tier, dedicated_replicas) if move is None else _during(move, dedicated_replicas)
 
 
 def settled(tier: str, dedicated_replicas: int) -> Children:
@@ -137,10 +145,14 @@ def advance(tier: str, move: Move, seen: Seen, now_s: float, timings: MoveTiming
     promotion = move.to == DEDICATED
     if move.phase in (STARTING, LOADING):
         target_ready = seen.dedicated_ready >= move.replicas if promotion else seen.pool_loaded
+        if not promotion and not target_ready and seen.pool_refusal is not None:
+            return Step(tier, None, settled(tier, seen.dedicated_pods),
+                        (REASON_ROLLED_BACK, f"{seen.pool_refusal}: the model stays in the {tier} tier"),
+                        DEGRADED_DEMOTION_FAILED)
         if target_ready:
             switched = replace(move, phase=SWITCHING, phase_since_s=now_s)
             where = f"{seen.dedicated_ready} dedicated replica(s)" if promotion else "the pool"
-            return Step(tier, switched, _during(switched, seen),
+            return Step(tier, switched, _during(switched, seen.dedicated_pods),
                         (REASON_ROUTE_SWITCHED, f"the gateway now routes to {where}"))
         if waited_s > timings.start_timeout_s:
             what = (f"{seen.dedicated_ready} of {move.replicas} dedicated replica(s) ready" if promotion
@@ -149,22 +161,22 @@ def advance(tier: str, move: Move, seen: Seen, now_s: float, timings: MoveTiming
             return Step(tier, None, settled(tier, seen.dedicated_pods),
                         (REASON_ROLLED_BACK, f"after {waited_s:.0f} s {what}: the model stays in the {tier} tier"),
                         degraded)
-        return Step(tier, move, _during(move, seen))
+        return Step(tier, move, _during(move, seen.dedicated_pods))
     if move.phase == SWITCHING:
         if waited_s < timings.switch_grace_s:
-            return Step(tier, move, _during(move, seen))
+            return Step(tier, move, _during(move, seen.dedicated_pods))
         draining = replace(move, phase=DRAINING, phase_since_s=now_s)
         source = "pool member" if promotion else "dedicated replicas"
-        return Step(tier, draining, _during(draining, seen),
+        return Step(tier, draining, _during(draining, seen.dedicated_pods),
                     (REASON_DRAINING, f"the {source} take no new requests and finish what they have"))
     drained = (not seen.pool_loaded) if promotion else seen.dedicated_pods == 0
     if drained or waited_s > timings.drain_timeout_s:
         return Step(move.to, None, settled(move.to, move.replicas),
                     (REASON_MOVE_DONE, f"now in the {move.to} tier"))
-    return Step(tier, move, _during(move, seen))
+    return Step(tier, move, _during(move, seen.dedicated_pods))
 
 
-def _during(move: Move, seen: Seen) -> Children:
+def _during(move: Move, dedicated_replicas: int) -> Children:
     """The children while `move` is in its phase: both tiers up until the source drains; the route with the
     source until SWITCHING, with the target from then."""
     promotion = move.to == DEDICATED
@@ -172,4 +184,4 @@ def _during(move: Move, seen: Seen) -> Children:
     routed_to_pool = (not promotion) if switched else promotion
     if promotion:
         return Children(move.phase != DRAINING, move.replicas, routed_to_pool)
-    return Children(True, 0 if move.phase == DRAINING else max(seen.dedicated_pods, 1), routed_to_pool)
+    return Children(True, 0 if move.phase == DRAINING else max(dedicated_replicas, 1), routed_to_pool)

@@ -16,6 +16,8 @@ from flotilla_contract import metrics as server_metrics
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from flotilla_operator.tiering_types import MoveStatus, TieringSpec, TieringStatus
+
 GROUP = "flotilla.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -351,9 +353,12 @@ class Toleration(ApiModel):
 
 
 class PlacementSpec(ApiModel):
-    policy: Literal["latency-first", "cost-first"] = Field(
+    policy: Literal["latency-first", "cost-first", "adaptive"] = Field(
         "latency-first",
-        description="policy is latency-first (spread, dedicated nodes, high priority, PDB) or cost-first (pack, spot nodes, preemptible, scale to zero).",
+        description="policy is latency-first (spread, dedicated nodes, high priority, PDB), cost-first (pack, spot "
+        "nodes, preemptible, scale to zero) or adaptive: the model moves between its spec.pool (cost-first) and "
+        "dedicated latency-first replicas of its own, from its traffic and SLO (docs/autoscaling.md, \"Adaptive "
+        "tiering\").",
     )
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="nodeSelector labels are added to the policy's node selector."
@@ -624,6 +629,14 @@ class InferenceModelSpec(ApiModel):
                 "adapters[].name must be unique within the model",
             ),
             (
+                "self.placement.policy != 'adaptive' || has(self.pool)",
+                "placement.policy adaptive needs spec.pool: the ModelPool it moves to and from",
+            ),
+            (
+                "!has(self.tiering) || self.placement.policy == 'adaptive'",
+                "tiering applies to placement.policy adaptive only; remove it or set the policy to adaptive",
+            ),
+            (
                 "!has(self.slo) || !has(self.pool) || self.placement.policy != 'cost-first'",
                 "slo needs the model's own Deployment: a cost-first model that names a pool is scaled by its "
                 "ModelPool; remove slo or pool, or use latency-first",
@@ -666,8 +679,14 @@ class InferenceModelSpec(ApiModel):
     pool: str | None = Field(
         None,
         description="pool names a ModelPool in the same namespace. A cost-first model joins it (no Deployment of its own; "
-        "replicas and scaling then belong to the pool); a latency-first model keeps its own Deployment (docs/pools.md).",
+        "replicas and scaling then belong to the pool); a latency-first model keeps its own Deployment (docs/pools.md); "
+        "an adaptive one is in it or on its own replicas, as its status.tier says.",
         pattern=DNS_SUBDOMAIN,
+    )
+    tiering: TieringSpec | None = Field(
+        None,
+        description="tiering tunes when an adaptive model moves between its pool and dedicated replicas; unset takes "
+        "every default (docs/autoscaling.md, \"Adaptive tiering\").",
     )
 
     @model_validator(mode="after")
@@ -678,6 +697,15 @@ class InferenceModelSpec(ApiModel):
             raise ValueError("adapters[].name must differ from model.name: a request names an adapter as its model")
         if len(set(names)) != len(names):
             raise ValueError("adapters[].name must be unique within the model")
+        return self
+
+    @model_validator(mode="after")
+    def _adaptive_has_pool(self) -> InferenceModelSpec:
+        """What the CEL rules on adaptive and tiering refuse, for specs that did not pass through the API server."""
+        if self.placement.policy == "adaptive" and self.pool is None:
+            raise ValueError("placement.policy adaptive needs spec.pool: the ModelPool it moves to and from")
+        if self.tiering is not None and self.placement.policy != "adaptive":
+            raise ValueError("tiering applies to placement.policy adaptive only; remove it or set the policy to adaptive")
         return self
 
     @model_validator(mode="after")
@@ -775,6 +803,12 @@ class InferenceModelStatus(ApiModel):
     slo: SloStatus | None = Field(
         None, description="slo is the latency measured against spec.slo over its window, at the last decision.")
     pool: str | None = Field(None, description="pool is the ModelPool serving this model, when it joined one.")
+    tier: Literal["pool", "dedicated"] | None = Field(
+        None, description="tier is where an adaptive model is served: its pool, or dedicated replicas (during a move, "
+        "the tier it is leaving).")
+    tier_since: str | None = Field(None, description="tierSince is when the model entered its tier, or last tried to leave it.")
+    move: MoveStatus | None = Field(None, description="move is the tier move in flight; absent when none is.")
+    tiering: TieringStatus | None = Field(None, description="tiering is the adaptive tier decision's last reading.")
     resident_pods: list[str] = Field(
         default_factory=list, description="residentPods are the pool pods holding this model loaded now (pooled models only)."
     )

@@ -19,7 +19,8 @@ BASE = ModelRoute(name="m", namespace="ns", resource="m", replicas=1, max_held=3
 READY = ModelRoute(**{**BASE.__dict__, "pods": ("10.0.0.1:8000",)})
 ZERO = ModelRoute(**{**BASE.__dict__, "replicas": 0})
 ZERO_OFF = ModelRoute(**{**ZERO.__dict__, "scaling_disabled": True})
-DEGRADED = ModelRoute(**{**READY.__dict__, "degraded": "InvalidSpec: bad"})
+DEGRADED = ModelRoute(**{**BASE.__dict__, "degraded": "InvalidSpec: bad"})
+DEGRADED_SERVING = ModelRoute(**{**READY.__dict__, "degraded": "PromotionFailed: rolled back"})
 POOL_ZERO = ModelRoute(**{**ZERO.__dict__, "pool": "shared"})
 POOL_ZERO_OFF = ModelRoute(**{**POOL_ZERO.__dict__, "scaling_disabled": True})
 
@@ -34,7 +35,8 @@ POOL_ZERO_OFF = ModelRoute(**{**POOL_ZERO.__dict__, "scaling_disabled": True})
     (ZERO, 2, False, "hold", 0, True),
     (ZERO, 3, False, "refuse", 429, False),  # the hold queue is full
     (ZERO_OFF, 0, False, "refuse", 503, False),  # nothing will wake it
-    (DEGRADED, 0, False, "refuse", 503, False),  # never held
+    (DEGRADED, 0, False, "refuse", 503, False),  # no ready pod: never held
+    (DEGRADED_SERVING, 0, False, "route", 0, False),  # its ready pods still serve
     (READY, 0, True, "refuse", 503, False),
 ])
 def test_admit(route: ModelRoute, held: int, draining: bool, action: str, status: int, wake: bool) -> None:

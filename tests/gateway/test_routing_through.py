@@ -65,14 +65,26 @@ def test_bad_bodies_get_the_servers_4xx(fleet: Fleet, content: bytes, status: in
     assert r.status_code == status and fragment in r.json()["error"]["message"]
 
 
-def test_degraded_model_is_503_at_once_with_its_message(fleet: Fleet) -> None:
-    fleet.model("broken", 1)
-    fleet.k8s.patch("flotilla.dev/v1alpha1", "inferencemodels", "broken", "default",
-                    {"status": {"conditions": [{"type": "Degraded", "status": "True", "reason": "ClaimNotFound",
-                                                "message": "the PVC models does not exist"}]}}, subresource="status")
-    r = wait(lambda: (x := httpx.post(fleet.gateway.url + "/v1/chat/completions", json=chat("broken"))).status_code
-             == 503 and x)
+def test_degraded_model_without_pods_is_503_at_once_and_with_pods_is_served(fleet: Fleet) -> None:
+    fleet.model("broken", 0, replicas=1)  # its pods cannot start: nothing will come to serve a held request
+    fleet.model("rolled-back", 1)  # a tier move rolled back: the pods it had still serve
+    for name, reason, message in (("broken", "ClaimNotFound", "the PVC models does not exist"),
+                                  ("rolled-back", "PromotionFailed", "the model stays in the pool tier")):
+        fleet.k8s.patch("flotilla.dev/v1alpha1", "inferencemodels", name, "default",
+                        {"status": {"conditions": [{"type": "Degraded", "status": "True", "reason": reason,
+                                                    "message": message}]}}, subresource="status")
+    def refused() -> httpx.Response | None:
+        try:  # until the gateway has seen the condition, the request is held: give up on it after a second
+            answer = httpx.post(fleet.gateway.url + "/v1/chat/completions", json=chat("broken"), timeout=1)
+        except httpx.TimeoutException:
+            return None
+        return answer if answer.status_code == 503 else None
+
+    r = wait(refused)
     assert "the PVC models does not exist" in r.json()["error"]["message"]
+    wait(lambda: fleet.routed("rolled-back", 1), message="rolled-back routed")
+    served = httpx.post(fleet.gateway.url + "/v1/chat/completions", json=chat("rolled-back"))
+    assert served.status_code == 200, served.text
 
 
 def test_one_name_in_two_namespaces_routes_to_the_older(fleet: Fleet) -> None:

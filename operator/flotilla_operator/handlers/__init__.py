@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import kopf
 
-from flotilla_operator.handlers import autoscale, peering, pool, pool_autoscale, reconcile
+from flotilla_operator.handlers import autoscale, peering, pool, pool_autoscale, reconcile, tiering
 from flotilla_operator.settings import OperatorSettings
 
-MODULES = [reconcile, pool, autoscale, pool_autoscale, peering]
+MODULES = [reconcile, pool, autoscale, pool_autoscale, tiering, peering]
 
 
 def register_all(registry: kopf.OperatorRegistry, settings: OperatorSettings) -> None:

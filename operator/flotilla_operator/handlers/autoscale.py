@@ -30,6 +30,7 @@ from flotilla_operator.autoscaler_status import (
 )
 from flotilla_operator.events import object_ref, post_event
 from flotilla_operator.kube import KubeError
+from flotilla_operator.placement import ADAPTIVE
 from flotilla_operator.pool_members import joins_pool
 from flotilla_operator.prometheus import PoolSample, PrometheusClient, PrometheusError
 from flotilla_operator.reconciler import Context
@@ -44,7 +45,9 @@ NO_DATA = "no_data"  # PROMETHEUS_QUERY_FAILURES reason: the query worked but no
 def scaling_spec(spec: types.InferenceModelSpec) -> autoscaler.ScalingSpec:
     s = spec.scaling
     return autoscaler.ScalingSpec(
-        min_replicas=s.min_replicas, max_replicas=s.max_replicas, policy=spec.placement.policy,
+        # an adaptive model's dedicated replicas are its latency-first tier
+        min_replicas=s.min_replicas, max_replicas=s.max_replicas,
+        policy=autoscaler.LATENCY_FIRST if spec.placement.policy == ADAPTIVE else spec.placement.policy,
         target_queue_depth=s.target_queue_depth,
         scale_up_stabilization_s=s.scale_up_stabilization_seconds,
         scale_down_stabilization_s=s.scale_down_stabilization_seconds,
@@ -98,10 +101,11 @@ async def autoscale_once(ctx: Context, prometheus: PrometheusClient, namespace: 
         spec = types.parse_spec(obj.get("spec") or {})
     except pydantic.ValidationError:
         return  # the reconciler reports an unreadable spec as Degraded
-    if joins_pool(spec):  # a pooled model's replicas do not apply: its ModelPool scales
-        async with ctx.lock(namespace, name):
+    if joins_pool(spec, obj.get("status")):  # a pooled model's replicas do not apply: its ModelPool scales
+        async with ctx.lock(namespace, name):  # (an adaptive one's move sets them: handlers/tiering.py)
             await _write_status(ctx, namespace, name, None, False, POOLED,
-                                f"the model is served by ModelPool {spec.pool}, which scales; its spec.replicas does not apply")
+                                f"the model is served by ModelPool {spec.pool}, which scales; its spec.replicas does not apply"
+                                + ("" if spec.placement.policy != ADAPTIVE else " while it is in the pool tier or moving"))
         return
     if spec.scaling.disabled:
         async with ctx.lock(namespace, name):

@@ -243,6 +243,16 @@ class PoolFront:
         self.metrics.requests.labels(name, "client_gone").inc()
         raise FrontRefusal(499, "Client closed the request.", "client_gone")
 
+    async def preload(self, name: str) -> None:
+        """Load `name` as its first request would, and let go (POST MODEL_LOAD_PATH): the operator moving an
+        adaptive model into the pool has it loaded before the gateway sends the pool its traffic. Raises
+        FrontRefusal as a request's load would."""
+        handle = await self._acquire(name)
+        try:
+            self.lane(handle)
+        finally:
+            self.cache.release(name)
+
     async def _acquire(self, name: str) -> ModelEngine:
         s, cache = self.settings, self.cache
         try:

@@ -3,16 +3,20 @@ and probes. Generation requests never reach these routes: the front hands them t
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
-from flotilla_contract.load import LOAD_PATH, ServerLoad
+from flotilla_contract.load import LOAD_PATH, MODEL_LOAD_PATH, ServerLoad
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from flotilla_server.http.errors import install_error_handlers
+from flotilla_server.http.errors import error_body, install_error_handlers
 from flotilla_server.http.load_report import pool_load
-from flotilla_server.http.pool_front import PoolFront
+from flotilla_server.http.pool_front import FrontRefusal, PoolFront
+
+log = logging.getLogger(__name__)
 
 
 def create_pool_app(front: PoolFront) -> FastAPI:
@@ -59,6 +63,37 @@ def create_pool_app(front: PoolFront) -> FastAPI:
                            budget_bytes=front.cache.budget_bytes, used_bytes=front.cache.used_bytes(),
                            model_list=front.cache.list_status(), adapters=front.cache.adapters(), max_loras=max_loras)
         return Response(report.model_dump_json(), media_type="application/json")
+
+    preloads: set[asyncio.Task] = set()  # held, so a load in flight is not collected
+
+    async def preload_in_background(name: str) -> None:
+        try:
+            await front.preload(name)
+        except FrontRefusal as refusal:
+            log.warning("model %s was asked to load and did not: %s", name, refusal.message)
+
+    @app.post(MODEL_LOAD_PATH, status_code=202, responses={200: {}, 400: {}, 404: {}, 503: {}})
+    async def load_model(name: str) -> JSONResponse:
+        """Load a listed model now, as its first request would: 202 while it loads (GET LOAD_PATH shows its
+        state), 200 when it is loaded already; 404 for a model not listed here, 400 for one the memory budget
+        can never hold, 503 while the server drains."""
+        cache = front.cache
+        if not front.accepting:
+            return JSONResponse(error_body(503, "The server is draining and loads no model.", None, "draining"), 503)
+        if name not in cache.names():
+            return JSONResponse(error_body(404, f"The model {name!r} is not listed here: this server serves "
+                                           f"{', '.join(sorted(cache.names()))}.", "name", "model_not_found"), 404)
+        footprint = cache.footprint_bytes(name) or 0
+        if footprint > cache.budget_bytes:
+            return JSONResponse(error_body(400, f"The model {name!r} needs {footprint} bytes, more than this server's "
+                                           f"whole memory budget ({cache.budget_bytes} bytes).", "name",
+                                           "model_too_large"), 400)
+        if cache.is_loaded(name):
+            return JSONResponse({"model": name, "state": "loaded"}, 200)
+        task = asyncio.create_task(preload_in_background(name))
+        preloads.add(task)
+        task.add_done_callback(preloads.discard)
+        return JSONResponse({"model": name, "state": "loading"}, 202)
 
     @app.get("/healthz")
     async def healthz() -> dict:

@@ -148,6 +148,25 @@ def test_a_model_that_can_never_fit_and_an_unknown_model_are_refused_at_once(poo
     assert model_states(pool)["huge"] == "available"
 
 
+def test_a_model_is_loaded_when_asked_without_a_request(pool):
+    """POST /flotilla/v1/models/NAME/load: what the operator's demotion of an adaptive model sends a pool."""
+    url = f"{pool.base_url}/flotilla/v1/models/{{}}/load"
+    unknown = httpx.post(url.format("nope"), timeout=10)
+    assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "name"
+    huge = httpx.post(url.format("huge"), timeout=10)
+    assert huge.status_code == 400 and huge.json()["error"]["code"] == "model_too_large"
+    name = next(n for n, state in model_states(pool).items() if state == "available" and n != "huge")
+    asked = httpx.post(url.format(name), timeout=10)
+    assert asked.status_code == 202 and asked.json() == {"model": name, "state": "loading"}
+    deadline = time.monotonic() + 120
+    while model_states(pool)[name] != "loaded":
+        assert time.monotonic() < deadline, f"{name} was not loaded within 120 s of being asked"
+        time.sleep(0.2)
+    again = httpx.post(url.format(name), timeout=10)
+    assert again.status_code == 200 and again.json()["state"] == "loaded"
+    ask(pool, name)  # its lane serves at once
+
+
 @pytest.mark.serial  # a step-rate ratio: run alone
 def test_resident_models_keep_stepping_while_another_model_loads(pool):
     """While other models load, the resident model's engine steps at >= 50% of its rate with no load going on,
