@@ -10,15 +10,19 @@ a Prometheus that does not answer changes nothing.
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
 from flotilla_contract.metrics import MODEL_EVICTIONS, REQUESTS_RUNNING, REQUESTS_WAITING, SLOTS
 from flotilla_operator import credentials, tier_prometheus, types
 from flotilla_operator.kube import KubeClient
+from flotilla_operator.pool_manifests import pool_selector
 from flotilla_operator.prometheus import PrometheusClient
 from flotilla_operator.reconciler import Context
 from flotilla_operator.settings import OperatorSettings
@@ -71,6 +75,17 @@ def world(tmp_path_factory) -> Iterator[tuple]:
         server.close()
 
 
+@pytest.fixture
+def fresh(world):
+    """The world without the objects an earlier test made (the tests run in any order)."""
+    k8s = world[0]
+    for api_version, plural in ((types.API_VERSION, "inferencemodels"), (types.API_VERSION, "modelpools"),
+                                ("apps/v1", "deployments"), ("v1", "pods"), ("v1", "configmaps")):
+        for existing in k8s.list(api_version, plural, NS):
+            k8s.delete(api_version, plural, existing["metadata"]["name"], NS)
+    return world
+
+
 def adaptive(tiering: dict | None = None) -> dict:
     return {"apiVersion": types.API_VERSION, "kind": types.KIND, "metadata": {"name": NAME, "namespace": NS},
             "spec": {"model": {"name": NAME, "source": {"builtin": "tiny"}}, "placement": {"policy": "adaptive"},
@@ -116,8 +131,8 @@ async def test_the_window_of_demand_is_read_back_from_prometheus(world) -> None:
     assert other == pytest.approx(0.25)  # the other member's 1 request over the pool's 4 slots
 
 
-async def test_sustained_demand_in_the_pool_starts_a_promotion_and_an_outage_changes_nothing(world) -> None:
-    k8s, prom, server = world
+async def test_sustained_demand_in_the_pool_starts_a_promotion_and_an_outage_changes_nothing(fresh) -> None:
+    k8s, prom, server = fresh
     k8s.create({"apiVersion": types.API_VERSION, "kind": "ModelPool", "metadata": {"name": POOL, "namespace": NS},
                 "spec": {"memoryBudget": "1Gi", "replicas": 1}})
     k8s.create(adaptive())
@@ -141,3 +156,47 @@ async def test_sustained_demand_in_the_pool_starts_a_promotion_and_an_outage_cha
     # the next tick waits in Starting: no replica is ready yet
     again = await tick(k8s, prom.url)
     assert again["status"]["move"] == status["move"]
+
+
+class LoadReport(BaseHTTPRequestHandler):
+    """A pool pod's load report: the model listed, larger than the pod's memory budget."""
+
+    def do_GET(self) -> None:
+        body = json.dumps({"ready": True, "waiting": 0, "running": 0, "slots": 4, "queue_capacity": 32,
+                           "kv_usage": 0.0, "memory_budget_bytes": 1000,
+                           "models": [{"name": NAME, "state": "available", "memory_bytes": 5000}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+async def test_a_pool_that_cannot_hold_the_model_sends_it_to_dedicated_replicas_degraded(fresh) -> None:
+    k8s, prom, _ = fresh
+    report = ThreadingHTTPServer(("127.0.0.1", free_port()), LoadReport)
+    threading.Thread(target=report.serve_forever, daemon=True).start()
+    try:
+        k8s.create({"apiVersion": types.API_VERSION, "kind": "ModelPool", "metadata": {"name": POOL, "namespace": NS},
+                    "spec": {"memoryBudget": "1000", "replicas": 1}})
+        k8s.create({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": "shared-pool-0", "namespace": NS, "labels": pool_selector(POOL)},
+                    "spec": {"containers": [{"name": "server", "ports": [
+                        {"name": "http", "containerPort": report.server_address[1]}]}]}})
+        k8s.patch("v1", "pods", "shared-pool-0", NS, {"status": {"phase": "Running", "podIP": "127.0.0.1"}},
+                  subresource="status")
+        k8s.create(adaptive({"minStaySeconds": 3600}))  # no bound holds this move
+        obj = await tick(k8s, prom.url)
+        status = obj["status"]
+        assert status["move"]["to"] == "dedicated" and status["move"]["reason"] == "PoolCannotHold", status
+        assert status["tiering"]["degraded"]["reason"] == "PoolCannotHold"
+        assert "cannot hold the model (5000 bytes" in status["tiering"]["degraded"]["message"]
+        degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+        assert (degraded["status"], degraded["reason"]) == ("True", "PoolCannotHold")
+        assert k8s.get("apps/v1", "deployments", NAME, NS) is not None
+    finally:
+        report.shutdown()
+        report.server_close()
