@@ -91,6 +91,7 @@ bench: setup tools model
 	$(VENV)/bin/flotilla-bench prefix --json $(BENCH_OUT)/prefix.json --plot $(BENCH_OUT)/prefix.png
 	$(VENV)/bin/flotilla-bench priorities --json $(BENCH_OUT)/priorities.json --plot $(BENCH_OUT)/priorities.png
 	$(VENV)/bin/flotilla-bench structured --model $(SMOLLM2) --json $(BENCH_OUT)/structured.json --plot $(BENCH_OUT)/structured.png
+	$(VENV)/bin/flotilla-bench coldload --model $(SMOLLM2) --json $(BENCH_OUT)/coldload.json --plot $(BENCH_OUT)/coldload.png
 	$(PY) -m flotilla_gateway.bench.prefix_routing --json $(BENCH_OUT)/prefix_routing.json --plot $(BENCH_OUT)/prefix_routing.png
 	PYTHONPATH="$(CURDIR)/contract:$(CURDIR)/server:$(CURDIR)/operator:$(CURDIR)/gateway:$(CURDIR)/sim:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" \
 	  $(PY) -m e2e.pool_bench --json $(BENCH_OUT)/pool.json --plot $(BENCH_OUT)/pool.png
@@ -103,6 +104,7 @@ bench-docs:
 	@test ! -f $(BENCH_OUT)/prefix.json || cp $(BENCH_OUT)/prefix.json $(BENCH_OUT)/prefix.png docs/bench/
 	@test ! -f $(BENCH_OUT)/priorities.json || cp $(BENCH_OUT)/priorities.json $(BENCH_OUT)/priorities.png docs/bench/
 	@test ! -f $(BENCH_OUT)/structured.json || cp $(BENCH_OUT)/structured.json $(BENCH_OUT)/structured.png docs/bench/
+	@test ! -f $(BENCH_OUT)/coldload.json || cp $(BENCH_OUT)/coldload.json $(BENCH_OUT)/coldload.png docs/bench/
 	@test ! -f $(BENCH_OUT)/prefix_routing.json || cp $(BENCH_OUT)/prefix_routing.json $(BENCH_OUT)/prefix_routing.png docs/bench/
 	@test ! -f $(BENCH_OUT)/pool.json || cp $(BENCH_OUT)/pool.json $(BENCH_OUT)/pool.png docs/bench/
 

@@ -30,6 +30,7 @@ SHARED_HOST_KV_MAX_BYTES = 1024**3
 DEFAULT_POOL_KV_CACHE_MEMORY = "256Mi"  # each loaded model's fixed KV pool, counted in the memory budget
 DEFAULT_LOAD_TIMEOUT_S = 120.0
 DEFAULT_MIN_RESIDENCY_S = 60.0
+DEFAULT_MAX_PARKED_MODELS = 4  # evicted models kept parked at once (docs/architecture.md, "Parked models")
 DTYPES = ("float32", "bfloat16", "float16")
 # --dtype: a dtype, or auto (the default): the server picks one per model (model/dtype_choice.py)
 DTYPE_CHOICES = ("auto", *DTYPES)
@@ -94,6 +95,19 @@ SERVER_FLAGS: tuple[Flag, ...] = (
          "Multi-model mode: how long a request for a model that is not loaded waits for its load, seconds."),
     Flag("--min-residency-s", "min_residency_s", "float", DEFAULT_MIN_RESIDENCY_S,
          "Multi-model mode: a loaded model is never evicted sooner than this after its load, seconds."),
+    Flag("--parked-memory", "parked_memory_bytes", "bytes", None,
+         "Multi-model mode: memory that parked models may hold outside --memory-budget, e.g. 4Gi. An evicted model "
+         "is parked: its engine process keeps its weights (on CPU memory-mapped from a file under --parked-dir, "
+         "page cache the kernel may drop; on a GPU in pinned host memory) and its next load wakes it, skipping the "
+         "fork and the read. Counted: the parked weights and each parked process's own memory; past this, the "
+         "least recently parked go. Default: the memory budget on CPU, 0 (nothing is parked) on a GPU, where each "
+         "parked process also keeps its CUDA context outside the budget."),
+    Flag("--max-parked-models", "max_parked_models", "int", DEFAULT_MAX_PARKED_MODELS,
+         "Multi-model mode: most models parked at once (each keeps an engine process); 0: nothing is parked."),
+    Flag("--parked-dir", "parked_dir", "str", None,
+         "Multi-model mode: the folder that holds parked models' weight files on CPU (the server writes them in a "
+         "folder of its own there and removes it on exit); use a disk-backed folder, not tmpfs. Default: the "
+         "system's temporary folder."),
     Flag("--lora", "lora", "str", None,
          "A LoRA adapter served on the model: NAME=SOURCE, SOURCE a PEFT adapter directory (adapter_config.json "
          "and adapter_model.safetensors). Repeat it for more. A request names it as `model`; GET /v1/models lists "

@@ -25,6 +25,21 @@ PREFIX_KEY_MAX_CHARS = 64
 ModelState = Literal["loaded", "loading", "available"]
 
 
+class LastLoad(BaseModel):
+    """A pool model's latest load: where its weights came from and where its time went (the phases sum to
+    `seconds`)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    origin: Literal["disk", "parked"] = Field(description=(
+        "disk: read from its source; parked: woken from where it was parked when evicted."))
+    seconds: float = Field(ge=0.0, description="The whole load, from its start to its engine serving.")
+    start_s: float = Field(0.0, ge=0.0, description="Starting (forking) or waking its engine process.")
+    read_s: float = Field(0.0, ge=0.0, description="Reading its weights and tokenizer (none when parked on CPU).")
+    build_s: float = Field(0.0, ge=0.0, description="Building the engine on them: KV pool, runner, adapters.")
+    warmup_s: float = Field(0.0, ge=0.0, description="One one-token request, so the first real one pays no first use.")
+
+
 class ModelLoad(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -37,6 +52,10 @@ class ModelLoad(BaseModel):
     max_loras: int = Field(0, ge=0, description="This model's adapter slots while it is loaded; 0: none.")
     adapter_slots_free: int = Field(0, ge=0, description=(
         "Of those, slots not pinned by a running or waiting sequence: an adapter loaded now evicts no pinned one."))
+    parked_bytes: int = Field(0, ge=0, description=(
+        "Memory it holds parked (evicted, its weights kept outside the budget so that it loads again quickly); "
+        "0: not parked."))
+    last_load: LastLoad | None = Field(None, description="Its latest load, if it was loaded since the server started.")
 
 
 class AdapterServed(BaseModel):
@@ -91,6 +110,8 @@ class ServerLoad(BaseModel):
     models: list[ModelLoad] = Field(default_factory=list)
     memory_budget_bytes: int | None = Field(None, ge=0, description="A pool server's memory budget.")
     memory_free_bytes: int | None = Field(None, ge=0, description="Budget not held by loaded models.")
+    parked_bytes: int | None = Field(None, ge=0, description=(
+        "A pool server's parked models' memory, outside the budget (bounded by --parked-memory)."))
     model_list: ModelListReport | None = Field(None, description="A multi-model server's --model-list-file, if any.")
     prefix_keys: list[str] = Field(default_factory=list, description=(
         "Prefix keys (PREFIX_KEY_HEADER values of recent requests) whose prompt blocks the prefix cache holds now, "

@@ -34,6 +34,11 @@ MODEL_STATE = "flotilla_model_state"  # gauge: 1 for each model's current state 
 # the model list file: versions refused (a bad line, an unreadable file; counter, _total), entries not served
 MODEL_LIST_RELOAD_FAILURES = "flotilla_model_list_reload_failures"
 MODEL_LIST_SKIPPED = "flotilla_model_list_skipped"  # gauge: entries whose source cannot be read
+# histogram: each load's phases (label `phase`: start, read, build, warmup; they sum to MODEL_LOAD_SECONDS) by
+# where its weights came from (label `origin`: disk, or parked: evicted and kept outside the budget)
+MODEL_LOAD_PHASE_SECONDS = "flotilla_model_load_phase_seconds"
+MODELS_PARKED = "flotilla_models_parked"  # gauge: models parked now
+MODEL_PARKED_BYTES = "flotilla_model_parked_bytes"  # gauge, by model: its parked weights and parked process's memory
 
 GATEWAY_REQUESTS_HELD = "flotilla_gateway_requests_held"  # the autoscaler's pending demand P
 

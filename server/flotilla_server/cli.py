@@ -156,10 +156,15 @@ def _main_multi_model(settings: ServerSettings) -> int:
     from flotilla_server.model_cache.budget import default_budget_bytes
     from flotilla_server.model_cache.cache import ModelCache
     from flotilla_server.model_cache.engine_processes import EngineProcesses
+    from flotilla_server.model_cache.parking import ParkingConfig
 
     # each model's engine in its own process (--engine-mode process) or on a thread of this one (inprocess)
-    engines = EngineProcesses(settings.engine_config(), settings.engine_mode, settings.engine_options())
     budget = settings.memory_budget_bytes or default_budget_bytes(settings.device)
+    # parking is on by default on CPU only: on a GPU each parked process keeps a CUDA context outside the budget
+    default_parked = budget if settings.device == "cpu" else 0
+    parked_bytes = default_parked if settings.parked_memory_bytes is None else settings.parked_memory_bytes
+    engines = EngineProcesses(settings.engine_config(), settings.engine_mode, settings.engine_options(),
+                              parking=ParkingConfig(parked_bytes, settings.max_parked_models, settings.parked_dir))
     cache = ModelCache(engines, model_specs(settings), budget, settings.min_residency_s, settings.model_list_file,
                        skip_unreadable_at_start=settings.unreadable_model_at_start == "skip")
     return serve_pool(settings, cache)

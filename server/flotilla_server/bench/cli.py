@@ -32,6 +32,9 @@ COMMANDS = {
     "llamacpp": ("flotilla_server.bench.llama_compare",
                  "Flotilla against llama.cpp's own llama-server on the same GGUF file: streamed tokens/s at 1 and 16 "
                  "clients, as the machine runs and with the AVX2 paths forced"),
+    "coldload": ("flotilla_server.bench.cold_loads",
+                 "a pool server's cold load of SmolLM2 over HTTP: TTFT of a request that finds it unloaded, from "
+                 "disk (page cache dropped) against parked, with each load's phases"),
     "lora": ("flotilla_server.bench.lora",
              "8 LoRA adapters of rank 16 on llama-100m in one server: streamed tokens/s with every request on a "
              "different adapter against every request on the base model, and the adapters' memory against 8 "

@@ -8,6 +8,7 @@ that keeps the engine from reading never stalls the event loop.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -27,6 +28,7 @@ from flotilla_server.engine.messages import (
     EngineUpdate,
     Shutdown,
 )
+from flotilla_server.engine.park_messages import LoadPhases, Park, Parked, Wake
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +130,7 @@ class EngineProcess:
     process: Any
     conns: list[Any]
     info: EngineInfo
+    phases: LoadPhases | None = None  # what its start took, measured in it
 
     def stop(self, timeout_s: float) -> None:
         """Wait up to timeout_s for it to exit (its pipes closed, or Shutdown sent), then kill it."""
@@ -136,8 +139,9 @@ class EngineProcess:
 
 
 def spawn_engine(config: EngineConfig, options: EngineOptions, *, fronts: int = 1, start_method: str = "spawn",
-                 startup_timeout_s: float = 600.0) -> EngineProcess:
-    """Start the engine process with `fronts` pipes and wait until it has loaded; raises EngineStartError."""
+                 startup_timeout_s: float = 600.0, parkable: bool = False) -> EngineProcess:
+    """Start the engine process with `fronts` pipes and wait until it has loaded; raises EngineStartError.
+    `parkable` (one pipe): it warms up before saying ready and takes Park and Wake (ProcessBackend.park)."""
     from flotilla_server.engine.process_main import run_engine_process
 
     if start_method not in START_METHODS:
@@ -146,24 +150,32 @@ def spawn_engine(config: EngineConfig, options: EngineOptions, *, fronts: int = 
         start_forkserver()  # at once if already running
     ctx = mp.get_context(start_method)
     pipes = [ctx.Pipe(duplex=True) for _ in range(fronts)]
-    process = ctx.Process(target=run_engine_process, args=(config, options, [child for _, child in pipes]),
+    process = ctx.Process(target=run_engine_process, args=(config, options, [child for _, child in pipes], parkable),
                           name=f"flotilla-engine[{config.model}]", daemon=True)
     process.start()
     for _, child in pipes:
         child.close()  # only the child holds its ends: its death is our EOF
-    first_conn = pipes[0][0]
-    deadline = time.monotonic() + startup_timeout_s
-    while not first_conn.poll(0.2):
-        if not process.is_alive() or time.monotonic() > deadline:
-            raise _exited(process)
-    try:
-        first = first_conn.recv()
-    except EOFError:  # poll() also wakes on the child's death: its end closed before it said anything
-        raise _exited(process) from None
-    if isinstance(first, EngineFailed):
-        _kill(process)
-        raise EngineStartError(first.message)
-    return EngineProcess(process, [parent for parent, _ in pipes], first)
+    phases, info = _await_start(process, pipes[0][0], time.monotonic() + startup_timeout_s)
+    return EngineProcess(process, [parent for parent, _ in pipes], info, phases)
+
+
+def _await_start(process: Any, conn: Any, deadline_s: float) -> tuple[LoadPhases | None, EngineInfo]:
+    """The engine's LoadPhases and EngineInfo once it has started (or woken); EngineStartError otherwise."""
+    phases = None
+    while True:
+        while not conn.poll(0.2):
+            if not process.is_alive() or time.monotonic() > deadline_s:
+                raise _exited(process)
+        try:
+            message = conn.recv()
+        except EOFError:  # poll() also wakes on the child's death: its end closed before it said anything
+            raise _exited(process) from None
+        if isinstance(message, EngineFailed):
+            _kill(process)
+            raise EngineStartError(message.message)
+        if not isinstance(message, LoadPhases):
+            return phases, message
+        phases = message
 
 
 def _exited(process: Any) -> EngineStartError:
@@ -185,6 +197,7 @@ class _PipeBackend:
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._conn: Any = None
         self._closing = False
+        self._parking: queue.SimpleQueue | None = None  # set by park(): where the reader puts Parked or None
         self._reader: threading.Thread | None = None
         self._writer: threading.Thread | None = None
 
@@ -202,9 +215,15 @@ class _PipeBackend:
     def _read(self, on_update: OnUpdate, on_death: OnDeath) -> None:
         try:
             while True:
-                on_update(self._conn.recv())
+                message = self._conn.recv()
+                if self._parking is not None and isinstance(message, (Parked, EngineFailed)):
+                    self._parking.put(message)
+                    return  # the pipe passes to the ParkedEngine
+                on_update(message)
         except (EOFError, OSError):
             pass
+        if self._parking is not None:
+            self._parking.put(None)
         if not self._closing:
             on_death(self._death())
 
@@ -217,30 +236,91 @@ class _PipeBackend:
                 self._conn.send(message)
             except (OSError, ValueError):
                 return  # the engine is gone: the reader reports it
-            if isinstance(message, Shutdown):
+            if isinstance(message, (Shutdown, Park)):
                 return
 
     def send(self, message: Any) -> None:
         self._outbox.put(message)
 
 
+@dataclass
+class ParkedEngine:
+    """A parked engine process (engine/park_messages.py): no engine loop, its weights parked; it holds
+    `parked.anonymous_bytes` of its own. Woken by a ProcessBackend made with it, or stopped."""
+
+    process: Any
+    conn: Any
+    parked: Parked
+    tokenizer: Any = None  # the parent's copy: a woken engine's EngineInfo comes without one
+
+    @property
+    def alive(self) -> bool:
+        return self.process.is_alive()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """End the process: its memory, and its mapping of the parked file, are free on return."""
+        with contextlib.suppress(OSError, ValueError):  # it may be gone already
+            self.conn.send(Shutdown())
+        self.process.join(timeout_s)
+        _kill(self.process)
+        self.conn.close()
+
+
 class ProcessBackend(_PipeBackend):
-    """The engine in its own process, `spawn`ed or forked by the forkserver (start_forkserver)."""
+    """The engine in its own process, `spawn`ed or forked by the forkserver (start_forkserver); with
+    `parkable`, it can be parked (park) and a backend made with the ParkedEngine (`woken`) wakes it."""
 
     def __init__(self, config: EngineConfig, options: EngineOptions, startup_timeout_s: float = 600.0,
-                 start_method: str = "spawn") -> None:
+                 start_method: str = "spawn", parkable: bool = False, woken: ParkedEngine | None = None) -> None:
         super().__init__()
         self._config, self._options = config, options
         self._start_method = start_method
         self._startup_timeout_s = startup_timeout_s
+        self._parkable = parkable or woken is not None
+        self._woken = woken
         self.process: Any = None
+        self.phases: LoadPhases | None = None  # what the start (or wake) took, measured in the engine process
 
     def start(self, on_update: OnUpdate, on_death: OnDeath) -> EngineInfo:
+        if self._woken is not None:
+            self.process, conn = self._woken.process, self._woken.conn
+            try:
+                conn.send(Wake(self._config, self._options))
+                self.phases, info = _await_start(self.process, conn, time.monotonic() + self._startup_timeout_s)
+            except (OSError, EngineStartError) as e:  # it died while parked, or its build failed
+                _kill(self.process)
+                conn.close()
+                raise EngineStartError(f"the parked engine process {self.process.pid} did not wake: {e}") from None
+            self._serve(conn, on_update, on_death)
+            return info
         engine = spawn_engine(self._config, self._options, start_method=self._start_method,
-                              startup_timeout_s=self._startup_timeout_s)
-        self.process = engine.process
+                              startup_timeout_s=self._startup_timeout_s, parkable=self._parkable)
+        self.process, self.phases = engine.process, engine.phases
         self._serve(engine.conns[0], on_update, on_death)
         return engine.info
+
+    def park(self, path: str, timeout_s: float) -> ParkedEngine:
+        """Park the engine: this backend stops serving (no death is reported) and the process and its pipe
+        pass to the returned ParkedEngine. Call it with no request in flight. EngineStartError, the process
+        stopped, if it cannot park (its weights could not be written, it died, it took over timeout_s)."""
+        assert self._parkable and self.process is not None, "only a started parkable engine parks"
+        self._closing, self._parking = True, queue.SimpleQueue()
+        self.send(Park(path))
+        try:
+            reply = self._parking.get(timeout=timeout_s)
+        except queue.Empty:
+            reply = None
+        for thread in (self._writer, self._reader):
+            if thread is not None:
+                thread.join(1.0)
+        if not isinstance(reply, Parked) or (self._reader is not None and self._reader.is_alive()):
+            _kill(self.process)
+            self._conn.close()
+            why = reply.message if isinstance(reply, EngineFailed) else "it did not answer"
+            raise EngineStartError(f"the engine process {self.process.pid} could not park: {why}")
+        parked = ParkedEngine(self.process, self._conn, reply)
+        self.process = None  # the ParkedEngine's now: close() leaves it be
+        return parked
 
     def _death(self) -> str:
         self.process.join(2.0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flotilla_server.engine.backends import ConnectedBackend, ProcessBackend, ThreadBackend
+from flotilla_server.engine.backends import ConnectedBackend, ParkedEngine, ProcessBackend, ThreadBackend
 from flotilla_server.engine.client import DEFAULT_STREAM_BUFFER_EVENTS, ENGINE_MODES, EngineClient, EngineMode
 from flotilla_server.engine.config import EngineConfig
 from flotilla_server.engine.messages import EngineInfo, EngineOptions
@@ -30,6 +30,15 @@ def make_engine(config: EngineConfig, mode: EngineMode = "process", options: Eng
     else:
         backend = ThreadBackend(config, options, loaded)
     return EngineClient(backend, stream_buffer_events=stream_buffer_events)
+
+
+def make_parkable_engine(config: EngineConfig, options: EngineOptions, *, woken: ParkedEngine | None = None,
+                         stream_buffer_events: int = DEFAULT_STREAM_BUFFER_EVENTS) -> tuple[EngineClient, ProcessBackend]:
+    """A pool's engine, not yet started, forked from the forkserver: warmed up before it says ready, and
+    parkable through the returned backend (ProcessBackend.park). With `woken`, its start wakes that parked
+    engine instead of forking a new one."""
+    backend = ProcessBackend(config, options, start_method="forkserver", parkable=True, woken=woken)
+    return EngineClient(backend, stream_buffer_events=stream_buffer_events), backend
 
 
 def build_engine(config: EngineConfig, mode: EngineMode = "process",

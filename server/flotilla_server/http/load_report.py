@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from flotilla_contract.load import (
     AdapterRefused,
     AdapterServed,
+    LastLoad,
     ModelListReport,
     ModelLoad,
     ServerLoad,
@@ -89,13 +90,18 @@ def pool_load(*, accepting: bool, models: list[tuple[ModelStatus, EngineStats | 
         running += r
         lora_slots += own_slots
         lora_free += own_free
+        last = status.last_load
         rows.append(ModelLoad(name=status.name, state=status.state, waiting=w, running=r,
                               last_used_s=status.idle_s, memory_bytes=status.memory_bytes or status.footprint_bytes,
-                              max_loras=own_slots, adapter_slots_free=own_free))
+                              max_loras=own_slots, adapter_slots_free=own_free, parked_bytes=status.parked_bytes,
+                              last_load=None if last is None else LastLoad(
+                                  origin=last.origin, seconds=last.seconds, start_s=last.start_s, read_s=last.read_s,
+                                  build_s=last.build_s, warmup_s=last.warmup_s)))
     return ServerLoad(
         ready=accepting, waiting=waiting, running=running, slots=slots, queue_capacity=queue_capacity,
         kv_usage=min(1.0, kv_used / kv_total) if kv_total else 0.0, models=rows,
         memory_budget_bytes=budget_bytes, memory_free_bytes=max(0, budget_bytes - used_bytes), prefix_keys=keys,
+        parked_bytes=sum(status.parked_bytes for status, _, _ in models),
         model_list=None if model_list is None else ModelListReport(
             path=model_list.path, reload_failures=model_list.reload_failures, last_error=model_list.last_error,
             skipped=[SkippedModel(name=s.name, source=s.source, error=s.error) for s in model_list.skipped]),

@@ -18,9 +18,10 @@ from prometheus_client.registry import Collector
 
 from flotilla_server.http.metrics import ServerMetrics, StateSnapshot
 from flotilla_server.model_cache.membership import ListStatus
-from flotilla_server.model_cache.status import ModelStatus
+from flotilla_server.model_cache.status import LoadRecord, ModelStatus
 
 _LOAD_BUCKETS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
+_LOAD_PHASE_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, *_LOAD_BUCKETS_S)  # a parked model's phases take milliseconds
 MODEL_STATES = ("loaded", "loading", "available")
 REQUEST_OUTCOMES = ("routed", "unknown_model", "infeasible", "load_timeout", "load_failed", "client_gone")
 
@@ -59,6 +60,15 @@ class _CacheGauges(Collector):
         models = self._status()
         loaded = [m for m in models if m.state == "loaded"]
         yield GaugeMetricFamily(names.MODELS_RESIDENT, "Models loaded now.", value=len(loaded))
+        parked = [m for m in models if m.parked_bytes]
+        yield GaugeMetricFamily(names.MODELS_PARKED, "Models parked now: evicted, their weights kept outside the "
+                                "memory budget so that they load again quickly.", value=len(parked))
+        g = GaugeMetricFamily(names.MODEL_PARKED_BYTES, "Memory each parked model holds outside the budget: its "
+                              "parked weights (page cache on CPU, pinned host memory on a GPU) and its process's own.",
+                              labels=[names.MODEL_LABEL])
+        for m in parked:
+            g.add_metric([m.name], float(m.parked_bytes))
+        yield g
         ages = [m.idle_s for m in loaded if m.idle_s is not None]
         yield GaugeMetricFamily(names.MODEL_LRU_AGE_SECONDS,
                                 "Seconds since the least recently used loaded model served; the next victim's age.",
@@ -79,6 +89,11 @@ class PoolMetrics:
         r = self.registry
         self.load_seconds = Histogram(names.MODEL_LOAD_SECONDS, "Seconds one model took to load (weights, KV pool, engine).",
                                       buckets=_LOAD_BUCKETS_S, registry=r)
+        self.load_phase_seconds = Histogram(
+            names.MODEL_LOAD_PHASE_SECONDS, "Seconds of each phase of a load (start: forking or waking the engine "
+            "process; read: weights and tokenizer; build: KV pool and runner; warmup: one one-token request), by "
+            "where its weights came from (disk, or parked).", ["phase", "origin"], buckets=_LOAD_PHASE_BUCKETS_S,
+            registry=r)
         self.evictions = Counter(names.MODEL_EVICTIONS, "Models unloaded to make room (or gone from the list).",
                                  [names.MODEL_LABEL], registry=r)
         self.engine_deaths = Counter(names.MODEL_ENGINE_DEATHS, "Loaded models whose engine stopped by itself "
@@ -89,6 +104,11 @@ class PoolMetrics:
                                 [names.MODEL_LABEL, "outcome"], registry=r)
         r.register(_CacheGauges(status, list_status))
         r.register(_Merged(lambda: list(self._per_model.values())))
+
+    def observe_load(self, name: str, record: LoadRecord) -> None:
+        """A finished load's phases (the cache's `loaded` hook)."""
+        for phase, seconds in record.phases().items():
+            self.load_phase_seconds.labels(phase, record.origin).observe(seconds)
 
     def for_model(self, name: str, snapshot: Callable[[], StateSnapshot]) -> ServerMetrics:
         """The model's ServerMetrics, made on first use and kept across its evictions."""

@@ -19,6 +19,7 @@ from flotilla_server.model_cache.status import CacheHooks
 def build_front(settings: ServerSettings, cache: ModelCache) -> PoolFront:
     front = PoolFront(cache, settings)
     cache.hooks = CacheHooks(evicting=front.evicting, load_seconds=front.metrics.load_seconds.observe,
+                             loaded=front.metrics.observe_load,
                              engine_died=front.engine_died, adapters_changed=front.adapters_changed)
     front.routes = create_pool_app(front)
     return front

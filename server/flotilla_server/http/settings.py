@@ -26,6 +26,9 @@ class ServerSettings:
     memory_budget_bytes: int | None = None
     load_timeout_s: float = f.DEFAULT_LOAD_TIMEOUT_S
     min_residency_s: float = f.DEFAULT_MIN_RESIDENCY_S
+    parked_memory_bytes: int | None = None  # None: the memory budget
+    max_parked_models: int = f.DEFAULT_MAX_PARKED_MODELS
+    parked_dir: str | None = None
     lora: str | tuple[str, ...] | None = None  # NAME=SOURCE, one or several (docs/serving.md, "LoRA adapters")
     lora_list_file: str | None = None  # NAME=SOURCE lines, re-read on change (engine/lora_list.py)
     lora_dir: str | tuple[str, ...] | None = None  # where POST /v1/load_lora_adapter may read; None: API off
@@ -138,6 +141,10 @@ class ServerSettings:
             raise ValueError(f"--min-residency-s must be >= 0, got {self.min_residency_s}")
         if self.memory_budget_bytes is not None and self.memory_budget_bytes < 1:
             raise ValueError(f"--memory-budget must be > 0, got {self.memory_budget_bytes}")
+        if self.parked_memory_bytes is not None and self.parked_memory_bytes < 0:
+            raise ValueError(f"--parked-memory must be >= 0 (0: park nothing), got {self.parked_memory_bytes}")
+        if self.max_parked_models < 0:
+            raise ValueError(f"--max-parked-models must be >= 0 (0: park nothing), got {self.max_parked_models}")
         if not self.multi_model and not isinstance(self.model, str):
             raise ValueError("several --model flags need a name each: --model NAME=SOURCE (multi-model mode)")
         self.lora_specs  # noqa: B018 (parsed here, so a bad --lora fails at start-up)

@@ -39,6 +39,12 @@ class KVCacheTensors:
         v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         return cls(k, v, num_blocks, block_size)
 
+    def release(self) -> None:
+        """Free the pool's memory now, whoever still holds these tensors (a parked engine's closed loop, freed
+        by the garbage collector later): every storage shrinks to nothing. The pool is unusable after."""
+        for t in (*self.k, *self.v, *(self._scratch or ())):
+            t.untyped_storage().resize_(0)
+
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, kv_heads: int, head_dim: int,
                         dtype: torch.dtype) -> int:

@@ -102,6 +102,10 @@ class PackedWeight:
             self._key = key
         return self._packed
 
+    def forget(self) -> None:
+        """Drop the packed copy (a parked model holds no anonymous copy); the next use packs it again."""
+        self._key, self._packed = None, None
+
 
 def uses_packed_path(x: torch.Tensor, weight: torch.Tensor, min_rows: int = MIN_PACKED_ROWS) -> bool:
     if x.dtype != weight.dtype or x.device.type != "cpu" or weight.device.type != "cpu" or x.dim() != 2:

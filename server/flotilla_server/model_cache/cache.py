@@ -35,6 +35,7 @@ from flotilla_server.model_cache.status import (
     CacheHooks,
     Infeasible,
     LoadFailed,
+    LoadRecord,
     LoadTimeout,
     ModelStatus,
     UnknownModel,
@@ -58,6 +59,7 @@ class _Entry:
     listed: bool = True  # still in the flags or the list file
     served_adapters: dict[str, str] = field(default_factory=dict)  # what its engine was given: name -> source
     reload_when_idle: bool = False  # listed adapters its engine has no slots for: unload it once idle
+    last_load: LoadRecord | None = None
 
 
 class ModelCache:
@@ -229,12 +231,18 @@ class ModelCache:
 
     def status(self) -> list[ModelStatus]:
         now = self._clock()
+        parked = {p.name: p.bytes for p in self.parked()}
         with self._cond:
             # a load queued behind another counts as loading: the pod will hold the model, so a router must
             # send its next requests here rather than start a second load elsewhere
             return [ModelStatus(n, LOADING if n in self._pending else e.state, self._held(e), e.footprint_bytes,
-                                e.users, now - e.last_used_s if e.last_used_s else None)
+                                e.users, now - e.last_used_s if e.last_used_s else None, e.last_load,
+                                parked.get(n, 0) if e.state == AVAILABLE else 0)
                     for n, e in self._entries.items() if e.listed or e.state != AVAILABLE]
+
+    def parked(self) -> list:
+        """The parked models (model_cache/parking.ParkedStatus): evicted, their weights kept outside the budget."""
+        return self.engines.parked()
 
     def handles(self) -> list[ModelEngine]:
         with self._cond:
@@ -287,7 +295,7 @@ class ModelCache:
                     self._cond.wait(min(wait_s, _IDLE_WAIT_S) if wait_s > 0 else _IDLE_WAIT_S)
                     continue
             for victim in victims:
-                self._evict(victim)
+                self._evict(victim, loading=name)
             self._load(name)
 
     def _next_load(self) -> tuple[str, tuple[str, ...], float | None] | None:
@@ -321,17 +329,18 @@ class ModelCache:
             self._entries[name].reload_when_idle = False
         return names
 
-    def _evict(self, name: str) -> None:
+    def _evict(self, name: str, loading: str | None = None) -> None:
         with self._cond:
             entry = self._entries[name]
             handle, entry.handle = entry.handle, None
+            listed = entry.listed
             if not entry.listed and entry.users == 0:
                 del self._entries[name]
         if handle is None:
             return
         log.info("evicting model %s (%d bytes)", name, handle.memory_bytes)
         self.hooks.evicting(name)
-        self.engines.unload(handle)
+        self.engines.unload(handle, park=listed, loading=loading)  # a model gone from the list is not parked
         del handle
         self.hooks.evicted(name)
 
@@ -350,11 +359,15 @@ class ModelCache:
                 self._fail(entry, LoadFailed(f"{name} failed to load: {e}"))
             return
         load_s = time.monotonic() - start_s
+        p = handle.phases
+        record = LoadRecord(handle.origin, load_s, *((p.read_s, p.build_s, p.warmup_s) if p is not None else ()))
         self.hooks.load_seconds(load_s)
-        log.info("model %s loaded in %.2f s (%d bytes; engine process %d)", name, load_s, handle.memory_bytes,
-                 handle.engine.pid)
+        self.hooks.loaded(name, record)
+        log.info("model %s loaded in %.2f s from %s (start %.2f s, read %.2f s, build %.2f s, warm-up %.2f s; %d "
+                 "bytes; engine process %d)", name, load_s, record.origin, record.start_s, record.read_s,
+                 record.build_s, record.warmup_s, handle.memory_bytes, handle.engine.pid)
         with self._cond:
-            entry.handle, entry.state = handle, LOADED
+            entry.handle, entry.state, entry.last_load = handle, LOADED, record
             entry.served_adapters = dict(adapters)
             entry.loaded_at_s = self._clock()
             waiters, entry.waiters = entry.waiters, []

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from flotilla_server.engine.client import EngineClient
+from flotilla_server.engine.park_messages import LoadPhases
 
 
 @dataclass(frozen=True, eq=False)
@@ -30,6 +31,8 @@ class ModelEngine:
     quantization: str = "none"  # how the weights are held (engine/messages.EngineInfo)
     is_demonstration: bool = False
     adapter_slots: int = 0  # LoRA slots (--max-loras); 0: started without adapters, it takes none at run time
+    origin: str = "disk"  # where its weights came from: disk (its source) or parked (parking.py)
+    phases: LoadPhases | None = None  # its load's read, build and warm-up seconds, measured in its engine
 
 
 class Engines(Protocol):
@@ -45,8 +48,13 @@ class Engines(Protocol):
         `models_at_once`: how many models the budget can hold together (threads.most_resident), which share
         the CPU threads."""
 
-    def unload(self, handle: ModelEngine) -> None:
-        """Stop the engine and free its memory; the caller has dropped every other reference to it."""
+    def unload(self, handle: ModelEngine, park: bool = True, loading: str | None = None) -> None:
+        """Stop the engine and free its memory; the caller has dropped every other reference to it. With
+        `park`, its weights may be parked outside the budget for a quicker next load (parking.py); `loading`:
+        the model whose load this eviction makes room for, whose parked copy must stay for it."""
+
+    def parked(self) -> list[Any]:
+        """The parked models (parking.ParkedStatus); [] where nothing parks."""
 
     def start(self) -> None:
         """Before the first load (helpers, warm-up); may do nothing."""
