@@ -93,6 +93,8 @@ bench: setup tools model
 	$(VENV)/bin/flotilla-bench structured --model $(SMOLLM2) --json $(BENCH_OUT)/structured.json --plot $(BENCH_OUT)/structured.png
 	$(VENV)/bin/flotilla-bench coldload --model $(SMOLLM2) --json $(BENCH_OUT)/coldload.json --plot $(BENCH_OUT)/coldload.png
 	$(PY) -m flotilla_gateway.bench.prefix_routing --json $(BENCH_OUT)/prefix_routing.json --plot $(BENCH_OUT)/prefix_routing.png
+	@export PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY_CACHE); \
+	  FLOTILLA_FAILOVER_E2E_S=60 $(VENV)/bin/pytest e2e/test_gateway_failover.py -s -p no:cacheprovider
 	PYTHONPATH="$(CURDIR)/contract:$(CURDIR)/server:$(CURDIR)/operator:$(CURDIR)/gateway:$(CURDIR)/sim:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}" \
 	  $(PY) -m e2e.pool_bench --json $(BENCH_OUT)/pool.json --plot $(BENCH_OUT)/pool.png
 

@@ -17,6 +17,13 @@ WOKEN_AT_ANNOTATION = "flotilla.dev/woken-at"  # RFC 3339 time a gateway woke a 
 TENANT_HEADER = "X-Flotilla-Tenant"
 CLASS_HEADER = "X-Flotilla-Class"
 MODEL_POOL_LABEL = "flotilla.dev/model-pool"  # on a ModelPool's pods: the pool's name (its scrape's `pool` label)
+# On every server pod: the Gateway API Inference Extension's endpoint picker reads a pod's metrics by the names of
+# its engine type, and flotilla-server exports vLLM's (docs/inference-gateway.md). Both keys: the inference
+# extension's, and llm-d's, which its newer endpoint pickers read first.
+GIE_ENGINE_TYPE_LABEL = "inference.networking.k8s.io/engine-type"
+LLMD_ENGINE_TYPE_LABEL = "llm-d.ai/engine-type"
+ENGINE_TYPE = "vllm"
+ENGINE_TYPE_LABELS = {GIE_ENGINE_TYPE_LABEL: ENGINE_TYPE, LLMD_ENGINE_TYPE_LABEL: ENGINE_TYPE}
 
 
 def pool_child_name(pool: str) -> str:

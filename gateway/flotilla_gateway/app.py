@@ -32,7 +32,9 @@ from flotilla_gateway.access_log import log_request
 from flotilla_gateway.activator import Activator, refusal
 from flotilla_gateway.adapter_index import adapter_bases, model_cards
 from flotilla_gateway.body_guard import read_body
+from flotilla_gateway.ejection import EjectionPolicy, Ejector
 from flotilla_gateway.errors import GatewayError, error_response
+from flotilla_gateway.failover import RetryPolicy
 from flotilla_gateway.hold_policy import admit, wakes_again
 from flotilla_gateway.keys import Tenant, authenticate, authorize
 from flotilla_gateway.keys_file import KeysFile, Reload
@@ -40,6 +42,7 @@ from flotilla_gateway.kube import KubeClient
 from flotilla_gateway.load_board import DEFAULT_POLL_INTERVAL_S, LoadBoard
 from flotilla_gateway.metrics import GatewayMetrics
 from flotilla_gateway.proxy import HOP_BY_HOP, Outcome, Proxy
+from flotilla_gateway.rate_limit_gate import NO_CHARGE, RateLimits
 from flotilla_gateway.route_map import ModelRoute
 from flotilla_gateway.routing import default_policy, routing_key
 from flotilla_gateway.waker import Waker
@@ -60,9 +63,12 @@ class GatewaySettings:
     in_cluster: bool = False
     keys: KeysFile | None = None  # None: no API keys
     keys_reload_interval_s: float = DEFAULT_KEYS_RELOAD_INTERVAL_S  # how often the keys file is read again
+    rate_limit_replicas: int = 1  # each replica enforces 1/N of every key's rate limits (--rate-limit-replicas)
     poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     connect_timeout_s: float = 5.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)  # --max-retries, --retry-deadline-s
+    ejection: EjectionPolicy = field(default_factory=EjectionPolicy)  # --eject-after-failures, --eject-base-s
     # with keys on, a client's cache_salt is always replaced by its tenant; salt_by_tenant also adds it when
     # absent, which needs servers that accept `cache_salt` (prefix caching)
     salt_by_tenant: bool = False
@@ -83,6 +89,8 @@ class Gateway:
         self.proxy: Proxy | None = None
         self.session: aiohttp.ClientSession | None = None
         self.adapters: dict[str, str] = {}  # adapter name → its model's name (adapter_index.adapter_bases)
+        self.rate_limits = RateLimits(self.metrics.rate_limited, settings.rate_limit_replicas)
+        self.stopping = False  # SIGTERM seen: not ready, but routing until the drain delay ends (cli.py)
         if settings.keys is not None:
             self.metrics.keys_loaded_at.set(settings.keys.loaded_at_s)
 
@@ -92,7 +100,8 @@ class Gateway:
 
     @property
     def ready(self) -> bool:
-        return self.watcher is not None and self.watcher.listed.is_set() and not self.activator.draining
+        return (self.watcher is not None and self.watcher.listed.is_set() and not self.activator.draining
+                and not self.stopping)
 
     def drain(self) -> None:
         self.activator.drain()
@@ -105,7 +114,8 @@ class Gateway:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
         self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         self.proxy = Proxy(self.session, self.board, self.metrics, self.activator.pump,
-                           self.settings.connect_timeout_s)
+                           self.settings.connect_timeout_s, self.settings.retry, Ejector(self.settings.ejection),
+                           live_pods=lambda route: self.routes.get(route.name, route).pods)
         self.watcher = RouteWatcher(self.kube, self.settings.namespaces, self._on_routes)
         self.watcher.start()
         self.board.start(self.session, self._pods, self._on_load)
@@ -149,6 +159,8 @@ class Gateway:
 
     def _on_routes(self) -> None:
         self._learn_adapters()
+        if self.proxy is not None:
+            self.proxy.ejector.forget(self._pods())
         for route in self.routes.values():
             self.metrics.known(route)
             if wakes_again(route, self.activator.held(route)):
@@ -173,6 +185,7 @@ class Gateway:
         endpoint = ENDPOINTS[request.url.path]
         model, namespace, tenant, held_s, base = "", "", NO_TENANT, 0.0, None
         outcome = Outcome()
+        charge = NO_CHARGE  # the key's rate-limit reservation: settled however the request ends
         try:
             raw, body = await read_body(request, self.settings.max_body_bytes)
             model = body["model"]
@@ -181,6 +194,7 @@ class Gateway:
                 tenant_of_key = authenticate(self.settings.keys.keys, request.headers.get("authorization"))
                 tenant = tenant_of_key.name
                 authorize(tenant_of_key, model)
+                charge = self.rate_limits.admit(tenant_of_key, body)  # or 429
             else:
                 tenant = request.headers.get(TENANT_HEADER) or NO_TENANT
             route = await self._route(model)
@@ -210,9 +224,24 @@ class Gateway:
             def done() -> None:
                 self._finish(request, model, namespace, tenant, outcome.status, started, held_s, outcome, base=base)
 
-            return await self.proxy.forward(route, request.url.path, raw, headers, key, policy, outcome, done,
-                                            adapter)
+            # the status line waits for the pod's first byte (proxy.py): a client that leaves meanwhile cancels
+            forward = asyncio.ensure_future(self.proxy.forward(route, request.url.path, raw, headers, key, policy,
+                                                               outcome, done, adapter, arrived_s=started,
+                                                               weight=sequences(body)))
+            gone = asyncio.ensure_future(_disconnected(request))
+            try:
+                await asyncio.wait((forward, gone), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+                if not forward.done():
+                    forward.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await forward
+            if forward.cancelled():
+                raise GatewayError(499, "Client closed the request.", code="client_gone")
+            return charge.metered(forward.result())
         except GatewayError as error:
+            charge.settle()  # no answer: nothing used
             self._finish(request, model, namespace, tenant, error.status, started, held_s, outcome, error.code,
                          base)
             return error.response()
@@ -242,7 +271,7 @@ class Gateway:
         log_request(method=request.method, path=route_label, status=status, model=model, base=base,
                     model_namespace=namespace, tenant=tenant, pod=outcome.pod or None, attempts=outcome.attempts,
                     held_s=round(held_s, 4), first_byte_s=outcome.first_byte_s and round(outcome.first_byte_s, 4),
-                    duration_s=round(time.monotonic() - started, 4), code=code,
+                    duration_s=round(time.monotonic() - started, 4), code=code, stream_error=outcome.stream_error,
                     client=request.client.host if request.client else None)
 
     # -- the other endpoints --------------------------------------------------------------------------
@@ -257,7 +286,7 @@ class Gateway:
     async def readyz(self, _: Request) -> Response:
         if self.ready:
             return JSONResponse({"status": "ready", "models": len(self.routes)})
-        reason = "draining" if self.activator.draining else "listing the fleet"
+        reason = "draining" if self.activator.draining or self.stopping else "listing the fleet"
         return JSONResponse({"status": "not ready", "reason": reason}, status_code=503)
 
     async def metrics_endpoint(self, _: Request) -> Response:
@@ -270,6 +299,13 @@ class Gateway:
                    Route("/readyz", self.readyz, methods=["GET"]),
                    Route("/metrics", self.metrics_endpoint, methods=["GET"])]
         return Starlette(routes=routes, lifespan=self.lifespan, exception_handlers={HTTPException: _http_error})
+
+
+def sequences(body: dict[str, Any]) -> int:
+    """The sequences a request runs at once on its pod: its `n` (the server counts each as one in flight);
+    1 when absent or not a positive whole number (the server then refuses it, naming the field)."""
+    n = body.get("n")
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
 
 
 async def _disconnected(request: Request) -> None:

@@ -1,13 +1,16 @@
 """`flotilla-gateway`: parse the flags, then serve the gateway with uvicorn until SIGTERM.
 
-On SIGTERM (or Ctrl-C) readiness turns false and held requests get 503 with Retry-After at once; uvicorn
-stops accepting connections and lets streams in flight finish for up to --drain-timeout-s. A file it cannot
+On SIGTERM (or Ctrl-C) readiness turns false at once, but the gateway keeps routing new requests for
+--drain-delay-s, the time endpoints take to drop it everywhere (a Service still sends it traffic meanwhile);
+then held requests get 503 with Retry-After, uvicorn stops accepting connections and lets streams in flight
+finish for up to --drain-timeout-s. A second signal skips the delay. A file it cannot
 start with (the keys, the upstream key) stops it with one line on stderr and exit 2.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 from types import FrameType
@@ -18,12 +21,15 @@ from flotilla_contract.sizes import parse_bytes
 
 from flotilla_gateway.access_log import configure
 from flotilla_gateway.app import DEFAULT_KEYS_RELOAD_INTERVAL_S, Gateway, GatewaySettings
+from flotilla_gateway.ejection import EjectionPolicy
+from flotilla_gateway.failover import RetryPolicy
 from flotilla_gateway.keys import read_upstream_key
 from flotilla_gateway.keys_file import KeysFile
 from flotilla_gateway.load_board import DEFAULT_POLL_INTERVAL_S
 
 DEFAULT_PORT = 8080
 DEFAULT_DRAIN_TIMEOUT_S = 30.0
+DEFAULT_DRAIN_DELAY_S = 5.0
 USAGE_EXIT = 2  # what argparse exits with: the command line, or a file it names, needs a change
 
 
@@ -34,6 +40,33 @@ def _seconds(text: str) -> float:
         value = 0.0
     if not value > 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
+    return value
+
+
+def _non_negative_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
+    return value
+
+
+def _at_least_one(text: str) -> int:
+    value = _count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
     return value
 
 
@@ -58,6 +91,10 @@ def parser() -> argparse.ArgumentParser:
                    metavar="S",
                    help="How often the keys file is read again, seconds; a changed file takes effect, a refused "
                         "one keeps the last good keys (docs/gateway.md, \"API keys\"). Default: %(default)s.")
+    p.add_argument("--rate-limit-replicas", type=_at_least_one, default=1, metavar="N",
+                   help="Each gateway replica enforces 1/N of every key's requestsPerMinute and tokensPerMinute: "
+                        "set N to the number of gateway replicas behind the Service (docs/gateway.md, \"Rate "
+                        "limits\"). Default: %(default)s (each replica enforces the whole limit).")
     p.add_argument("--salt-cache-by-tenant", action=argparse.BooleanOptionalAction, default=True,
                    help="With API keys, set every request's cache_salt to its tenant, so tenants never share "
                         "prefix-cache blocks (a client's own cache_salt is always replaced). Default: on.")
@@ -72,6 +109,22 @@ def parser() -> argparse.ArgumentParser:
                    help="Largest request body accepted, e.g. 4Mi; larger gets 413.")
     p.add_argument("--connect-timeout-s", type=float, default=5.0,
                    help="Longest wait to connect to a pod before trying another, seconds.")
+    p.add_argument("--max-retries", type=_count, default=RetryPolicy.max_retries, metavar="N",
+                   help="Retries of a request on another pod before its first byte reaches the client (connect "
+                        "errors, a connection dropped before the first byte, 502, 503, a pod gone from the "
+                        "endpoints, a 429 when another pod has room); 0 turns retrying off. Default: %(default)s.")
+    p.add_argument("--retry-deadline-s", type=_seconds, default=RetryPolicy.deadline_s, metavar="S",
+                   help="No retry starts later than this after the request arrived, seconds. "
+                        "Default: %(default)s.")
+    p.add_argument("--eject-after-failures", type=_at_least_one, default=EjectionPolicy.consecutive_failures,
+                   metavar="N", help="Failures in a row (connect errors, 502, a connection dropped) that take a pod "
+                   "out of rotation (never more than half of a model's pods). Default: %(default)s.")
+    p.add_argument("--eject-base-s", type=_seconds, default=EjectionPolicy.base_ejection_s, metavar="S",
+                   help="A pod's cool-down out of rotation, times its ejections so far, capped at 300 s. "
+                        "Default: %(default)s.")
+    p.add_argument("--drain-delay-s", type=_non_negative_seconds, default=DEFAULT_DRAIN_DELAY_S, metavar="S",
+                   help="On SIGTERM, how long the gateway keeps routing new requests after its readiness turns "
+                        "false, while endpoints drop it; 0 refuses them at once. Default: %(default)s.")
     p.add_argument("--drain-timeout-s", type=float, default=DEFAULT_DRAIN_TIMEOUT_S,
                    help="On SIGTERM, how long streams in flight may take to finish, seconds.")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
@@ -79,15 +132,27 @@ def parser() -> argparse.ArgumentParser:
 
 
 class _Server(uvicorn.Server):
-    """uvicorn, plus: the first signal refuses held requests before connections drain."""
+    """uvicorn, plus: the first signal turns readiness false and, after the drain delay, refuses held and new
+    requests before connections drain; a second signal stops at once."""
 
-    def __init__(self, config: uvicorn.Config, gateway: Gateway) -> None:
+    def __init__(self, config: uvicorn.Config, gateway: Gateway, drain_delay_s: float) -> None:
         super().__init__(config)
         self.gateway = gateway
+        self.drain_delay_s = drain_delay_s
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self.gateway.drain()  # runs on the event loop's thread: signals are delivered to the main thread
-        super().handle_exit(sig, frame)
+        # runs on the main thread, the event loop's: signals are delivered there
+        if self.gateway.stopping or self.drain_delay_s <= 0:
+            self._stop(sig, frame)
+            return
+        self.gateway.stopping = True  # readiness false; requests still routed until the delay ends
+        loop = asyncio.get_event_loop()
+        loop.call_soon_threadsafe(loop.call_later, self.drain_delay_s, self._stop, sig, frame)
+
+    def _stop(self, sig: int, frame: FrameType | None) -> None:
+        if not self.should_exit:
+            self.gateway.drain()
+            super().handle_exit(sig, frame)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -99,16 +164,24 @@ def main(argv: list[str] | None = None) -> None:
         print(f"flotilla-gateway: {error}", file=sys.stderr)
         sys.exit(USAGE_EXIT)
     configure(args.log_level)
+    try:
+        retry = RetryPolicy(args.max_retries, args.retry_deadline_s)
+        ejection = EjectionPolicy(args.eject_after_failures, args.eject_base_s)
+    except ValueError as error:
+        print(f"flotilla-gateway: {error}", file=sys.stderr)
+        sys.exit(USAGE_EXIT)
     settings = GatewaySettings(namespaces=args.namespaces, kubeconfig=args.kubeconfig, in_cluster=args.in_cluster,
                                keys=keys, keys_reload_interval_s=args.api_keys_reload_interval_s,
+                               rate_limit_replicas=args.rate_limit_replicas,
                                poll_interval_s=args.poll_interval_s, max_body_bytes=args.max_body_bytes,
                                connect_timeout_s=args.connect_timeout_s, salt_by_tenant=args.salt_cache_by_tenant,
+                               retry=retry, ejection=ejection,
                                upstream_api_key=upstream_key)
     gateway = Gateway(settings)
     config = uvicorn.Config(gateway.app(), host=args.host, port=args.port, log_level=args.log_level,
                             access_log=False, timeout_graceful_shutdown=int(args.drain_timeout_s),
                             lifespan="on")
-    _Server(config, gateway).run()
+    _Server(config, gateway, args.drain_delay_s).run()
 
 
 if __name__ == "__main__":

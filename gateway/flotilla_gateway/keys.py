@@ -5,6 +5,9 @@ The keys file (a mounted Secret) maps each key to a tenant and its models, as YA
     sk-team-a-123: {tenant: team-a, models: [llama-8b, tiny]}
     sk-ops-456: {tenant: ops, models: ["*"]}                  # every model, written out
     sk-evals-789: {tenant: evals, models: [tiny], class: batch}   # every request of this key is batch work
+    sk-trial-012: {tenant: trial, models: [tiny], requestsPerMinute: 60, tokensPerMinute: 20000}
+
+A key may carry rate limits beside its models (rate_limit.py); a key without them is not limited.
 
 It is a security file, so it is parsed strictly: a typo must never widen access. An unknown field (`model:`
 for `models:`), a wrong type, an empty entry, a missing `models`, or a key written twice refuses the whole
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +28,11 @@ import yaml
 from flotilla_contract.classes import REQUEST_CLASSES
 
 from flotilla_gateway.errors import GatewayError
+from flotilla_gateway.rate_limit import NO_LIMIT, RateLimit
 
 EVERY_MODEL = "*"  # valid only as the whole list: models: ["*"]
-FIELDS = ("tenant", "models", "class")
+LIMIT_FIELDS = ("requestsPerMinute", "tokensPerMinute")  # in RateLimit's order
+FIELDS = ("tenant", "models", "class", *LIMIT_FIELDS)
 ENTRY_FORM = "{tenant: NAME, models: [MODEL, ...]} (models: [\"*\"] for every model)"
 
 
@@ -36,6 +41,8 @@ class Tenant:
     name: str
     models: frozenset[str]  # the models the key may use; {"*"}: every model; empty: none
     request_class: str | None = None  # the class every request of the key gets; None: the client's
+    limits: RateLimit = NO_LIMIT  # requestsPerMinute and tokensPerMinute; None each: not limited
+    key: str = field(default="", repr=False, compare=False)  # the API key: names its rate-limit buckets; never shown
 
 
 class _DuplicateKey(yaml.YAMLError):
@@ -115,15 +122,16 @@ def _tenant(key: object, entry: object, where: str) -> Tenant:
         raise ValueError(f"{at} has an empty entry: write {ENTRY_FORM}, or delete the key")
     if not isinstance(entry, dict):
         raise ValueError(f"{at}: the entry must be {ENTRY_FORM}, not a {type(entry).__name__}")
-    for field in entry:
-        if field not in FIELDS:
-            close = difflib.get_close_matches(str(field), FIELDS, n=1)
+    for name in entry:
+        if name not in FIELDS:
+            close = difflib.get_close_matches(str(name), FIELDS, n=1)
             hint = f" (did you mean `{close[0]}`?)" if close else ""
-            raise ValueError(f"{at}: unknown field `{field}`{hint}; the fields are tenant, models and class")
-    name = entry.get("tenant")
-    if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"{at}: `tenant` must be a name (text), got {name!r}")
-    at = f"{at} (tenant {name!r})"
+            raise ValueError(f"{at}: unknown field `{name}`{hint}; the fields are tenant, models, class, "
+                             "requestsPerMinute and tokensPerMinute")
+    tenant = entry.get("tenant")
+    if not isinstance(tenant, str) or not tenant.strip():
+        raise ValueError(f"{at}: `tenant` must be a name (text), got {tenant!r}")
+    at = f"{at} (tenant {tenant!r})"
     if "models" not in entry:
         raise ValueError(f"{at} has no `models`: list the models it may use, or write models: [\"*\"] for "
                          "every model")
@@ -141,7 +149,20 @@ def _tenant(key: object, entry: object, where: str) -> Tenant:
     request_class = entry.get("class")
     if "class" in entry and request_class not in REQUEST_CLASSES:
         raise ValueError(f"{at}: `class` must be one of {', '.join(REQUEST_CLASSES)}, got {request_class!r}")
-    return Tenant(name, frozenset(models), request_class)
+    limits = RateLimit(*(_limit(entry, name, at) for name in LIMIT_FIELDS))
+    return Tenant(tenant, frozenset(models), request_class, limits, key)
+
+
+def _limit(entry: dict[Any, Any], name: str, at: str) -> int | None:
+    """A per-minute limit: a whole number above 0, or absent (no limit). 0 is refused: a key that may send
+    nothing is written models: []."""
+    if name not in entry:
+        return None
+    value = entry[name]
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{at}: `{name}` must be a whole number above 0 (leave it out for no limit), got "
+                         f"{value!r}")
+    return value
 
 
 def read_upstream_key(path: str) -> str:

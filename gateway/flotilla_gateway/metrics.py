@@ -26,8 +26,12 @@ POD_LOAD = "flotilla_gateway_pod_load"
 RESIDENCY = "flotilla_gateway_residency_choices"  # exported as flotilla_gateway_residency_choices_total
 KEYS_RELOAD_FAILURES = "flotilla_gateway_keys_reload_failures"  # exported as ..._total
 KEYS_LOADED_AT = "flotilla_gateway_keys_last_load_timestamp_seconds"
+RATE_LIMITED = "flotilla_gateway_rate_limited_requests"  # exported as ..._total
 MODEL = (MODEL_LABEL, MODEL_NAMESPACE_LABEL)
-RETRY_REASONS = ("connect_error", "429", "502", "503", "504")
+STREAM_ERRORS = "flotilla_gateway_stream_errors"  # exported as ..._total
+EJECTIONS = "flotilla_gateway_pod_ejections"  # exported as ..._total
+EJECTED = "flotilla_gateway_pods_ejected"
+RETRY_REASONS = ("connect_error", "dropped_before_body", "pod_gone", "429", "502", "503")
 HOLD_BUCKETS_S = (0.1, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600)
 MAX_ADAPTER_LABELS = 64
 ROUTING_BUCKETS_S = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3)
@@ -49,6 +53,13 @@ class GatewayMetrics:
                               list(MODEL), registry=r)
         self.retries = Counter(RETRIES, "Requests resent to another pod before their first byte, by reason.",
                                [*MODEL, "reason"], registry=r)
+        self.stream_errors = Counter(STREAM_ERRORS, "Answers that failed after their first byte reached the client "
+                                     "(ended with an SSE error event when streamed), by cause.",
+                                     [*MODEL, "cause"], registry=r)
+        self.ejections = Counter(EJECTIONS, "Pods taken out of rotation for a cool-down after failing in a row.",
+                                 [*MODEL, "pod"], registry=r)
+        self.ejected = Gauge(EJECTED, "The model's pods out of rotation now (outlier ejection).", list(MODEL),
+                             registry=r)
         self.wakes = Counter(WAKES, "Scale-from-zero writes, by result (woken, lost_race, failed).",
                              [*MODEL, "result"], registry=r)
         self.routing_seconds = Histogram(ROUTING_SECONDS, "Time to choose a pod, by model and policy.",
@@ -63,6 +74,8 @@ class GatewayMetrics:
                                             "running (the last good keys stayed in force).", registry=r)
         self.keys_loaded_at = Gauge(KEYS_LOADED_AT, "Unix time the API keys in force were loaded (0 without "
                                     "keys).", registry=r)
+        self.rate_limited = Counter(RATE_LIMITED, "Requests refused (429) by their API key's rate limit, by tenant and "
+                                    "reason (requests, tokens, too_large).", ["tenant", "reason"], registry=r)
         self._adapter_labels: set[str] = set()
 
     def model_label(self, model: str, base: str | None) -> str:
@@ -86,6 +99,8 @@ class GatewayMetrics:
         for reason in RETRY_REASONS:
             self.retries.labels(route.name, route.namespace, reason)
         self.held.labels(route.name, route.namespace)
+        self.ejected.labels(route.name, route.namespace)
+        self.stream_errors.labels(route.name, route.namespace, "upstream_dropped")
         self.oldest_held.labels(route.name, route.namespace)
         if route.pool is not None:
             for tier in TIERS:

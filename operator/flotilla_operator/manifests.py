@@ -12,6 +12,7 @@ from typing import Any
 
 from flotilla_contract.labels import (
     COMPONENT_LABEL,
+    ENGINE_TYPE_LABELS,
     INSTANCE_LABEL,
     MANAGED_BY_LABEL,
     MODEL_LABEL,
@@ -116,7 +117,7 @@ def build_deployment(owner: Owner, default_image: str) -> dict[str, Any]:
     source = render_source(spec.model.source, image)
     adapters = render_adapters(spec.adapters, adapters_configmap_name(owner.name))
     placement = render_placement(spec.placement, selector_labels(owner), spec.resources.gpus, spec.resources.gpu_type)
-    pod_labels = {**labels(owner, image), MODEL_LABEL: _label_value(spec.model.name)}
+    pod_labels = {**labels(owner, image), MODEL_LABEL: _label_value(spec.model.name), **ENGINE_TYPE_LABELS}
     startup_failures = math.ceil(source.startup_budget_s / PROBE_PERIOD_S)
     container = {
         "name": "server",

@@ -13,6 +13,7 @@ from typing import Any
 
 from flotilla_contract.labels import (
     COMPONENT_LABEL,
+    ENGINE_TYPE_LABELS,
     INSTANCE_LABEL,
     MANAGED_BY_LABEL,
     MODEL_POOL_LABEL,
@@ -209,7 +210,7 @@ def build_pool_deployment(owner: PoolOwner, default_image: str, claims: list[str
             "progressDeadlineSeconds": POOL_STARTUP_BUDGET_S + 300,
             "selector": {"matchLabels": pool_selector(owner.name)},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": placement.rolling_update},
-            "template": {"metadata": {"labels": _labels(owner, image)}, "spec": pod_spec},
+            "template": {"metadata": {"labels": {**_labels(owner, image), **ENGINE_TYPE_LABELS}}, "spec": pod_spec},
         },
     }
 

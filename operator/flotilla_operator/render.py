@@ -1,12 +1,14 @@
 """`flotilla-operator render -f FILE.yaml`: the children an InferenceModel or a ModelPool would get, with no cluster.
 
 Like `helm template`, it shows what would be applied before anything is: the Service, the Deployment,
-the PodDisruptionBudget (latency-first), the NetworkPolicy (spec.networkPolicy) and, when `--service-monitor` says the Prometheus operator is
-installed, the ServiceMonitor, with every default filled in. It uses the same pure builders as the
-reconciler (manifests.desired_children), so what it prints is what the operator creates. With no
-cluster there is no uid to point at, so the owner references are left out unless the input carries
-`metadata.uid` (as `kubectl get -o yaml` output does). A ModelPool's members are the file's own
-InferenceModels, and a pooled model's pool must be in the same file (docs/pools.md).
+the PodDisruptionBudget (latency-first), the NetworkPolicy (spec.networkPolicy) and, when `--service-monitor`
+says the Prometheus operator is installed, the ServiceMonitor, with every default filled in. It uses the same
+pure builders as the reconciler (manifests.desired_children), so what it prints is what the operator creates,
+plus one child only render emits: the InferencePool of spec.gateway.inferencePool, for a gateway of the Gateway
+API Inference Extension (inference_pool.py). With no cluster there is no uid to point at, so the owner
+references are left out unless the input carries `metadata.uid` (as `kubectl get -o yaml` output does). A
+ModelPool's members are the file's own InferenceModels, and a pooled model's pool must be in the same file
+(docs/pools.md).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pydantic
 import yaml
 
 from flotilla_operator import pool_types, types
+from flotilla_operator.inference_pool import with_inference_pool
 from flotilla_operator.manifests import Owner, desired_children
 from flotilla_operator.pool_manifests import PoolOwner, build_member_service, desired_pool_children
 from flotilla_operator.pool_members import joins_pool, member_source, members
@@ -80,7 +83,7 @@ def children_of(obj: dict[str, Any], default_image: str, service_monitor: bool,
         children = [build_member_service(owner, default_image)]
     else:
         children = desired_children(owner, default_image, service_monitor)
-    return _without_owner(children, uid)
+    return _without_owner(with_inference_pool(owner, default_image, children), uid)
 
 
 def pool_children_of(obj: dict[str, Any], models: list[dict[str, Any]], default_image: str,

@@ -393,6 +393,18 @@ class RoutingSpec(ApiModel):
     )
 
 
+class GatewaySpec(ApiModel):
+    inference_pool: bool = Field(
+        False,
+        strict=True,  # a bool, never "yes": render reads specs the API server never saw
+        description="inferencePool makes `flotilla-operator render` emit an InferencePool "
+        "(inference.networking.k8s.io/v1) selecting the model's pods, so that any gateway implementing the Gateway "
+        "API Inference Extension routes to them in place of flotilla-gateway; its endpoint picker is the Service "
+        "`NAME-epp`, port 9002, which you deploy. The operator itself does not create it "
+        "(docs/inference-gateway.md).",
+    )
+
+
 _CLASS_KEYS = "self.all(k, k in " + str(list(request_classes.REQUEST_CLASSES)) + ")"
 PositiveNumber = Annotated[float, Field(gt=0)]
 PositiveSeconds = Annotated[float, Field(gt=0, le=86400)]
@@ -664,6 +676,10 @@ class InferenceModelSpec(ApiModel):
         default_factory=ColdStartSpec, description="coldStart bounds the requests flotilla-gateway holds while the model scales from zero."
     )
     routing: RoutingSpec = Field(default_factory=RoutingSpec, description="routing sets how flotilla-gateway picks a replica.")
+    gateway: GatewaySpec = Field(
+        default_factory=GatewaySpec,
+        description="gateway connects the model to gateways other than flotilla-gateway (docs/inference-gateway.md).",
+    )
     network_policy: NetworkPolicySpec = Field(
         default_factory=NetworkPolicySpec, description="networkPolicy limits who may reach the model's pods."
     )

@@ -25,8 +25,24 @@ def test_default_values_render_operator_rbac_priority_classes_and_dashboards() -
     kinds = sorted(d["kind"] for d in render("default"))
     assert kinds == ["ClusterKopfPeering", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
                      "ConfigMap", "ConfigMap", "ConfigMap", *["CustomResourceDefinition"] * 4, "Deployment", "Deployment",
-                     "PriorityClass", "PriorityClass", "Service", "Service", "ServiceAccount", "ServiceAccount"]
-    # the operator's and the gateway's; three dashboards; CRDs: InferenceModel, ModelPool and kopf's two peering kinds
+                     "PodDisruptionBudget", "PriorityClass", "PriorityClass", "Service", "Service", "ServiceAccount",
+                     "ServiceAccount"]
+    # the operator's and the gateway's; three dashboards; CRDs: InferenceModel, ModelPool and kopf's two peering
+    # kinds; the gateway's disruption budget (two replicas by default)
+
+
+def test_the_gateway_rolls_out_and_drains_without_a_gap() -> None:
+    docs = render("default")
+    (gateway,) = [d for d in by_kind(docs, "Deployment") if d["metadata"]["labels"].get("app.kubernetes.io/component")
+                  == "gateway"]
+    assert gateway["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    pod = gateway["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert "--drain-delay-s=5" in args and "--drain-timeout-s=30" in args and "--rate-limit-replicas=2" in args
+    assert pod["terminationGracePeriodSeconds"] == 5 + 30 + 5  # the delay, the drain, and a margin
+    (budget,) = by_kind(docs, "PodDisruptionBudget")
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"] == gateway["spec"]["selector"]["matchLabels"]
 
 
 def test_priority_classes_carry_the_names_the_operator_uses() -> None:
@@ -47,7 +63,8 @@ def test_all_options_render_every_optional_resource() -> None:
     kinds = sorted(d["kind"] for d in render("all-options"))
     assert kinds == ["ClusterRole", "ClusterRole", "ClusterRoleBinding", "ClusterRoleBinding",
                      *["ConfigMap"] * 3, *["CustomResourceDefinition"] * 4, "Deployment", "Deployment", "KopfPeering", "KopfPeering",
-                     "PodMonitor", "PriorityClass", "PriorityClass", "PrometheusRule", "Service", "Service",
+                     "PodDisruptionBudget", "PodMonitor", "PriorityClass", "PriorityClass", "PrometheusRule", "Service",
+                     "Service",
                      "ServiceAccount", "ServiceAccount", "ServiceMonitor"]
 
 

@@ -122,7 +122,7 @@ def test_retries_before_the_first_byte_go_to_another_pod(fleet: Fleet) -> None:
         in httpx.get(fleet.gateway.url + "/metrics").text
 
 
-def test_connect_errors_are_retried(fleet: Fleet) -> None:
+def test_connect_errors_are_retried_and_the_dead_pod_is_ejected_after_five(fleet: Fleet) -> None:
     dead, live = sorted((fleet.new_address(), fleet.new_address()))  # published; nothing listens on `dead`
     fleet.pods.start(live).load_enabled = False  # no figures from either: neither is filtered out
 
@@ -132,8 +132,13 @@ def test_connect_errors_are_retried(fleet: Fleet) -> None:
     for _ in range(6):  # equal loads: least-load tries the lower address, `dead`, first
         r = httpx.post(fleet.gateway.url + "/v1/completions", json={"model": "flaky", "prompt": "p", "max_tokens": 1})
         assert r.status_code == 200 and r.json()["served_by"] == live
-    assert ('flotilla_gateway_upstream_retries_total{model="flaky",model_namespace="default",reason="connect_error"} 6.0'
-            in httpx.get(fleet.gateway.url + "/metrics").text)
+    metrics = httpx.get(fleet.gateway.url + "/metrics").text
+    # five connect errors in a row eject `dead` (one of two pods: half may be out), so the sixth goes to `live`
+    assert ('flotilla_gateway_upstream_retries_total{model="flaky",model_namespace="default",reason="connect_error"} 5.0'
+            in metrics)
+    assert 'flotilla_gateway_pods_ejected{model="flaky",model_namespace="default"} 1.0' in metrics
+    ejections = [line for line in metrics.splitlines() if line.startswith('flotilla_gateway_pod_ejections_total{model="flaky"')]
+    assert len(ejections) == 1 and f'pod="{dead}:' in ejections[0] and ejections[0].endswith(" 1.0"), ejections
 
 
 def test_least_load_avoids_the_deep_queue(fleet: Fleet) -> None:

@@ -24,6 +24,8 @@ from flotilla_contract.load import LOAD_PATH, ServerLoad
 class FakeState:
     name: str = "fake"
     statuses: list[int] = field(default_factory=list)  # answered (then dropped) before any real response
+    drop_before_body: int = 0  # requests whose connection is cut after the headers, before any body byte
+    cut_after_chunks: int | None = None  # streams cut after this many chunks (a pod killed mid-answer)
     first_byte_delay_s: float = 0.0
     chunk_interval_s: float = 0.0
     load: dict[str, Any] = field(default_factory=lambda: {"waiting": 0, "slots": 64, "queue_capacity": 512,
@@ -78,7 +80,12 @@ async def generate(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
                                                "X-Served-By": state.name})
         await response.prepare(request)
+        if state.drop_before_body > 0:
+            state.drop_before_body -= 1
+            return _cut(request, response)
         for i in range(count):
+            if state.cut_after_chunks is not None and i == state.cut_after_chunks:
+                return _cut(request, response)
             await response.write(_chunk(state.name, i, chat))
             if state.chunk_interval_s:
                 await asyncio.sleep(state.chunk_interval_s)
@@ -91,6 +98,13 @@ async def generate(request: web.Request) -> web.StreamResponse:
         raise
     finally:
         state.running -= 1
+
+
+def _cut(request: web.Request, response: web.StreamResponse) -> web.StreamResponse:
+    """End the connection mid-answer, as a killed pod does (its socket reset)."""
+    if request.transport is not None:
+        request.transport.abort()
+    return response
 
 
 async def load(request: web.Request) -> web.Response:

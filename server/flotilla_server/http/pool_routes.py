@@ -99,6 +99,11 @@ def create_pool_app(front: PoolFront) -> FastAPI:
     async def healthz() -> dict:
         return {"status": "ok"}
 
+    @app.get("/health")
+    async def health() -> Response:
+        """vLLM's health check: 200 with no body while the process answers (each model's engine is its own)."""
+        return Response(status_code=200)
+
     @app.get("/readyz", responses={503: {}})
     async def readyz() -> JSONResponse:
         """Ready once started and until draining: models load on demand, so none need be loaded."""

@@ -1,4 +1,5 @@
-"""Probes and metrics: /healthz (the process answers), /readyz (model loaded, not draining), /metrics."""
+"""Probes and metrics: /healthz (the process answers), /readyz (model loaded, not draining), /metrics, and
+/health, vLLM's own check, for the Gateway API Inference Extension's model-server protocol."""
 
 from __future__ import annotations
 
@@ -15,6 +16,12 @@ router = APIRouter(tags=["health"])
 async def healthz() -> dict:
     """Liveness: answers while the event loop runs."""
     return {"status": "ok"}
+
+
+@router.get("/health", responses={503: {}})
+async def health(state: State) -> Response:
+    """vLLM's health check: 200 with no body while the engine lives (loading and draining too), 503 once it died."""
+    return Response(status_code=503 if state.ready and not state.engine.alive else 200)
 
 
 @router.get("/readyz", responses={503: {}})
