@@ -92,6 +92,7 @@ bench: setup tools model
 	$(VENV)/bin/flotilla-bench priorities --json $(BENCH_OUT)/priorities.json --plot $(BENCH_OUT)/priorities.png
 	$(VENV)/bin/flotilla-bench structured --model $(SMOLLM2) --json $(BENCH_OUT)/structured.json --plot $(BENCH_OUT)/structured.png
 	$(VENV)/bin/flotilla-bench coldload --model $(SMOLLM2) --json $(BENCH_OUT)/coldload.json --plot $(BENCH_OUT)/coldload.png
+	$(VENV)/bin/flotilla-bench speculative --isa both --json $(BENCH_OUT)/speculative.json --plot $(BENCH_OUT)/speculative.png
 	$(PY) -m flotilla_gateway.bench.prefix_routing --json $(BENCH_OUT)/prefix_routing.json --plot $(BENCH_OUT)/prefix_routing.png
 	@export PATH="$(CURDIR)/.tools/bin:$$PATH" $(PY_CACHE); \
 	  FLOTILLA_FAILOVER_E2E_S=60 $(VENV)/bin/pytest e2e/test_gateway_failover.py -s -p no:cacheprovider
@@ -107,6 +108,7 @@ bench-docs:
 	@test ! -f $(BENCH_OUT)/priorities.json || cp $(BENCH_OUT)/priorities.json $(BENCH_OUT)/priorities.png docs/bench/
 	@test ! -f $(BENCH_OUT)/structured.json || cp $(BENCH_OUT)/structured.json $(BENCH_OUT)/structured.png docs/bench/
 	@test ! -f $(BENCH_OUT)/coldload.json || cp $(BENCH_OUT)/coldload.json $(BENCH_OUT)/coldload.png docs/bench/
+	@test ! -f $(BENCH_OUT)/speculative.json || cp $(BENCH_OUT)/speculative.json $(BENCH_OUT)/speculative.png docs/bench/
 	@test ! -f $(BENCH_OUT)/prefix_routing.json || cp $(BENCH_OUT)/prefix_routing.json $(BENCH_OUT)/prefix_routing.png docs/bench/
 	@test ! -f $(BENCH_OUT)/pool.json || cp $(BENCH_OUT)/pool.json $(BENCH_OUT)/pool.png docs/bench/
 

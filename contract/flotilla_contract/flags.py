@@ -51,6 +51,10 @@ UNREADABLE_AT_START = ("exit", "skip")
 DEFAULT_MAX_LORAS = 4  # adapters resident in the compute dtype at once
 DEFAULT_MAX_LORA_RANK = 16  # the slots' width: the highest rank an adapter may have
 MAX_LORA_RANK_CAP = 64  # --max-lora-rank's ceiling (the model runtime's MAX_LORA_RANK)
+# speculative decoding (docs/serving.md, "Speculative decoding")
+SPECULATIVE_METHODS = ("off", "ngram")
+DEFAULT_SPECULATIVE_TOKENS = 8  # k, the tokens a decode step may propose
+MIN_SPECULATIVE_TOKENS, MAX_SPECULATIVE_TOKENS = 1, 16
 
 Kind = Literal["str", "int", "float", "bytes"]
 
@@ -208,6 +212,14 @@ SERVER_FLAGS: tuple[Flag, ...] = (
          "on: replay pure decode steps of up to 256 sequences from captured CUDA graphs, padded to 1, 2, 4 or a "
          "multiple of 8 rows and a power of two of KV blocks (needs --device cuda); off: every step eager; auto: "
          "on for one model on a GPU, off on CPU and in multi-model mode."),
+    Flag("--speculative", "speculative", "str", "off",
+         "Speculative decoding: ngram proposes the tokens that followed the latest earlier occurrence of a "
+         "sequence's last few tokens in its own prompt and output, and verifies them in the step's one forward "
+         "pass (greedy output unchanged; sampling keeps its distribution); a sequence whose proposals keep failing "
+         "stops proposing for a while. off: none. A request may opt out with `speculative: false`."),
+    Flag("--speculative-tokens", "speculative_tokens", "int", DEFAULT_SPECULATIVE_TOKENS,
+         f"With --speculative ngram: most tokens one decode step proposes, "
+         f"{MIN_SPECULATIVE_TOKENS} to {MAX_SPECULATIVE_TOKENS}."),
     Flag("--max-body-bytes", "max_body_bytes", "bytes", DEFAULT_MAX_BODY_BYTES,
          "Largest request body accepted; larger gets 413."),
     Flag("--engine-mode", "engine_mode", "str", "process",

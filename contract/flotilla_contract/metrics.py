@@ -12,6 +12,12 @@ KV_BLOCKS_CACHED = "flotilla_kv_blocks_cached"  # free blocks still holding a re
 PREFIX_CACHE_QUERIES = "flotilla_prefix_cache_queries"
 PREFIX_CACHE_HITS = "flotilla_prefix_cache_hits"
 STEP_THREADS = "flotilla_step_threads"  # histogram: CPU threads each engine step ran on
+# speculative decoding (--speculative ngram): drafts verified, their tokens, and those accepted (counters, _total);
+# the acceptance rate since start (gauge, accepted / proposed)
+SPEC_DRAFTS = "flotilla_spec_decode_drafts"
+SPEC_PROPOSED_TOKENS = "flotilla_spec_decode_proposed_tokens"
+SPEC_ACCEPTED_TOKENS = "flotilla_spec_decode_accepted_tokens"
+SPEC_ACCEPTANCE_RATE = "flotilla_spec_decode_acceptance_rate"
 # gauge: bytes of weights a model holds, packed copies included, labelled `quantization` (none, gguf:Q4_1+Q8_0)
 MODEL_WEIGHT_BYTES = "flotilla_model_weight_bytes"
 QUANTIZATION_LABEL = "quantization"

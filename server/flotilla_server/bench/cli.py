@@ -32,6 +32,9 @@ COMMANDS = {
     "llamacpp": ("flotilla_server.bench.llama_compare",
                  "Flotilla against llama.cpp's own llama-server on the same GGUF file: streamed tokens/s at 1 and 16 "
                  "clients, as the machine runs and with the AVX2 paths forced"),
+    "speculative": ("flotilla_server.bench.speculative",
+                    "speculative decoding by prompt lookup (--speculative ngram) against none on SmolLM2 at 1 client: "
+                    "an edit task that copies a passage, free writing, and greedy equality on 20 prompts"),
     "coldload": ("flotilla_server.bench.cold_loads",
                  "a pool server's cold load of SmolLM2 over HTTP: TTFT of a request that finds it unloaded, from "
                  "disk (page cache dropped) against parked, with each load's phases"),

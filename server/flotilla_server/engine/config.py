@@ -17,9 +17,13 @@ from flotilla_contract.flags import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_NUM_SEQS,
     DEFAULT_PREFILL_CHUNK,
+    DEFAULT_SPECULATIVE_TOKENS,
     DTYPE_CHOICES,
     MAX_LORA_RANK_CAP,
+    MAX_SPECULATIVE_TOKENS,
+    MIN_SPECULATIVE_TOKENS,
     QUANTIZATIONS,
+    SPECULATIVE_METHODS,
 )
 
 
@@ -58,6 +62,10 @@ class EngineConfig:
     lora_list_file: str | None = None
     # adapters may be loaded and unloaded at run time (POST /v1/load_lora_adapter): max_loras slots from start
     lora_runtime_loads: bool = False
+    # speculative decoding (engine/speculative.py): "ngram" proposes up to speculative_tokens tokens per decode
+    # step from the sequence's own prompt and output; "off": none
+    speculative: str = "off"
+    speculative_tokens: int = DEFAULT_SPECULATIVE_TOKENS
 
     @property
     def serves_adapters(self) -> bool:
@@ -102,5 +110,10 @@ class EngineConfig:
             raise ValueError(f"loras: each adapter needs its own name, got {[name for name, _ in self.loras]}")
         if self.serves_adapters and self.cuda_graphs:
             raise ValueError("cuda_graphs with loras: a captured decode step cannot follow each row's adapter")
+        if self.speculative not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.speculative!r}")
+        if not MIN_SPECULATIVE_TOKENS <= self.speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"speculative_tokens must be in {MIN_SPECULATIVE_TOKENS}..{MAX_SPECULATIVE_TOKENS}, "
+                             f"got {self.speculative_tokens}")
         if not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")

@@ -36,6 +36,7 @@ from flotilla_server.engine.sampling_params import SamplingParams
 from flotilla_server.engine.scheduler import Scheduler, infeasible_reason
 from flotilla_server.engine.sequence import Sequence as Seq
 from flotilla_server.engine.sequence import new_request
+from flotilla_server.engine.speculative import Speculator
 from flotilla_server.engine.step_threads import default_small_step_threads
 from flotilla_server.engine.thread_count import describe, measure_count
 from flotilla_server.grammar.tokenizer_info import GrammarTokenizer
@@ -110,6 +111,7 @@ class EngineCore:
         self.scheduler = Scheduler(
             self.pool, config.max_num_seqs, config.max_num_batched_tokens, config.prefill_chunk, self.eos_token_ids,
             rules=rules, adapter_gate=None if self.adapters is None else self._adapter_gate,
+            speculator=Speculator(config.speculative_tokens) if config.speculative == "ngram" else None,
         )
         small_step_threads = config.small_step_threads
         if small_step_threads is None:
@@ -275,9 +277,10 @@ class EngineCore:
         result = self.runner.execute(plan)
         executed = time.perf_counter()
         logprobs = dict(zip(plan.sampled_seqs(), result.logprobs, strict=True))
-        changed = self.scheduler.update(plan, result.sampled_token_ids)
+        before = {s: s.num_output_tokens for s in plan.sampled_seqs()}  # a drafted row commits several tokens
+        changed = self.scheduler.update(plan, result.sampled_token_ids, result.num_accepted)
         updated = time.perf_counter()
-        outputs = [self._output(seq, logprobs[seq]) for seq in changed]
+        outputs = [self._output(seq, before[seq], logprobs[seq]) for seq in changed]
         held, allocated = self.scheduler.kv_positions()
         end = time.perf_counter()
         record = StepRecord(
@@ -301,6 +304,7 @@ class EngineCore:
             detokenize_s=end - updated,
             num_threads=result.num_threads,
             num_constrained_rows=result.num_constrained,
+            num_draft_tokens=plan.num_draft_tokens,
             grammar_mask_s=result.mask_s,
             grammar_mask_wait_s=result.mask_wait_s,
         )
@@ -310,19 +314,23 @@ class EngineCore:
             listener(record)
         return outputs
 
-    def _output(self, seq: Seq, logprobs: TokenLogprobs | None) -> RequestOutput:
+    def _output(self, seq: Seq, before: int, logprobs: list[TokenLogprobs] | None) -> RequestOutput:
+        """The step's news for `seq`, whose output tokens from number `before` on are new (one, or a draft's)."""
         token = seq.output_token_ids[-1]
         detok = self._detokenizers[seq.request_id][seq.index]
         text = ""
         ended_by_eos = seq.is_finished and seq.finish_reason == "stop"
-        if seq.matcher is not None and not ended_by_eos and not seq.matcher.consume_token(token):
+        if seq.num_output_tokens - before > 1:  # a committed draft: a stop string may end it early
+            text = self._add_text(seq, before, detok, skip_last=ended_by_eos)
+        elif seq.matcher is not None and not ended_by_eos and not seq.matcher.consume_token(token):
             # sampled through its mask, a token is always accepted: a refusal is a bug, never sent as a reply
             log.error("request %s: the grammar refused token %d: %s", seq.request_id, token, seq.matcher.get_error())
             if not seq.is_finished:
                 self.scheduler.finish(seq, "abort")
             seq.finish_reason = "abort"
-        if not ended_by_eos:  # an EOS token has no text
+        elif not ended_by_eos:  # an EOS token has no text
             text = detok.add([token])
+        if not ended_by_eos:
             grammar_done = seq.matcher is not None and seq.matcher.is_stopped()  # nothing but EOS may follow
             if (detok.stopped or grammar_done) and not seq.is_finished:
                 self.scheduler.finish(seq, "stop")
@@ -331,10 +339,27 @@ class EngineCore:
         if seq.is_finished:
             text += detok.flush()
             self._forget(seq)
+        new = seq.output_token_ids[before:]
         return RequestOutput(
-            seq.request_id, [token], text, seq.is_finished, seq.finish_reason,
-            seq.num_prompt_tokens, seq.num_output_tokens, seq.index, None if logprobs is None else [logprobs],
+            seq.request_id, new, text, seq.is_finished, seq.finish_reason,
+            seq.num_prompt_tokens, seq.num_output_tokens, seq.index, None if logprobs is None else logprobs[:len(new)],
         )
+
+    def _add_text(self, seq: Seq, before: int, detok: IncrementalDetokenizer, skip_last: bool) -> str:
+        """Several new tokens' text; with stop strings they go one at a time, and the tokens after the one that
+        completes a stop string are dropped, as if generation had ended there."""
+        new = seq.output_token_ids[before:len(seq.output_token_ids) - skip_last]  # an EOS token has no text
+        if not seq.params.stop:
+            return detok.add(new)
+        text = ""
+        for j, t in enumerate(new):
+            text += detok.add([t])
+            if detok.stopped:
+                del seq.output_token_ids[before + j + 1:]
+                if seq.is_finished:
+                    seq.finish_reason = "stop"
+                break
+        return text
 
     # --- observation ----------------------------------------------------------------------------
 
@@ -363,6 +388,7 @@ class EngineCore:
             last_step_duration_s=self._last_step_s,
             prefix_keys=self._resident_keys,
             **self._adapter_stats(),
+            **({} if self.scheduler.speculator is None else self.scheduler.speculator.stats()),
         )
 
     def _adapter_stats(self) -> dict:

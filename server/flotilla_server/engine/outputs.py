@@ -61,6 +61,7 @@ class StepRecord:
     # structured output (engine/grammar_mask.py): the rows sampled through a grammar's mask, the fill's own time
     # on its thread (beside the forward pass), and what of it the step waited for after the forward pass
     num_constrained_rows: int = 0
+    num_draft_tokens: int = 0  # proposed tokens verified in this step (engine/speculative.py)
     grammar_mask_s: float = 0.0
     grammar_mask_wait_s: float = 0.0
 
@@ -99,6 +100,11 @@ class EngineStats:
     adapters_changed_s: float = 0.0
     # adapters the list file asks for and that are not served: (name, why) (engine/adapter_service.py `refused`)
     adapters_refused: tuple[tuple[str, str], ...] = ()
+    # speculative decoding (engine/speculative.py), since start: drafts verified, their tokens, those accepted
+    speculating: bool = False  # the engine runs --speculative ngram
+    spec_drafts: int = 0
+    spec_proposed_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
 
 StepListener = Callable[[StepRecord], None]  # told of every step, on the engine thread

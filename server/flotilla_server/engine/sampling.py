@@ -31,8 +31,21 @@ def sample(
         logits = apply_penalties(logits, params, histories)
     if all(p.greedy for p in params):
         return logits.argmax(dim=-1).tolist()
+    greedy = torch.tensor([p.greedy for p in params], device=logits.device)
+    probs = sampling_probs(logits, params)
+    noise = torch.empty_like(probs).exponential_(generator=default_generator)
+    for i, g in enumerate(generators):
+        if g is not None and not params[i].greedy:
+            noise[i].exponential_(generator=g)
+    sampled = (probs / noise).argmax(dim=-1)
+    return torch.where(greedy, logits.argmax(dim=-1), sampled).tolist()
+
+
+def sampling_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:
+    """[N, vocab]: the distribution each row is drawn from, after temperature, top-k, top-p and min-p (penalties
+    already applied); a greedy row's is its softmax at temperature 1, never drawn from. Speculative verification
+    (engine/speculative_verify.py) accepts and resamples against the same distribution."""
     device = logits.device
-    greedy = torch.tensor([p.greedy for p in params], device=device)
     temps = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=device)
     logits = logits / temps.unsqueeze(1)
     if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
@@ -41,12 +54,7 @@ def sample(
     if any(p.min_p > 0.0 for p in params):  # vLLM's min-p, on the probabilities after temperature
         min_p = torch.tensor([p.min_p for p in params], dtype=probs.dtype, device=device).unsqueeze(1)
         probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
-    noise = torch.empty_like(probs).exponential_(generator=default_generator)
-    for i, g in enumerate(generators):
-        if g is not None and not params[i].greedy:
-            noise[i].exponential_(generator=g)
-    sampled = (probs / noise).argmax(dim=-1)
-    return torch.where(greedy, logits.argmax(dim=-1), sampled).tolist()
+    return probs
 
 
 def _top_k_top_p(logits: torch.Tensor, params: Sequence[SamplingParams]) -> torch.Tensor:

@@ -43,6 +43,8 @@ class SamplingParams:
     grammar: str | None = None
     # the LoRA adapter (a --lora name) every token of the request is computed with; None: the base model
     lora: str | None = None
+    # False: this request never proposes draft tokens when the server speculates (engine/speculative.py)
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

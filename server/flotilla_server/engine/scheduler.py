@@ -27,6 +27,10 @@ it out and hands the sampled tokens back to `update`. Rules (docs/architecture.m
   engine/adapter_residency.py rule), after the slot and block checks pass (a load is not wasted on a sequence
   that would not fit). One waiting for an adapter slot ("no_adapter_slot") holds back nobody behind it: the
   slot frees only when the sequences pinning it finish, and those may be behind it.
+- Speculation (engine/speculative.py): a decode row may carry a draft. A draft takes only the step's budget
+  left and blocks already free: it never preempts anyone. Its accepted tokens are committed, the blocks that
+  held only rejected ones go back to the pool, and a block is registered in the prefix cache only once every
+  token in it is committed (rejected tokens never enter a hash).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from flotilla_server.engine.feasibility import infeasible_reason  # noqa: F401 (
 from flotilla_server.engine.kv_pool import BlockPool
 from flotilla_server.engine.prefix_keys import PrefixKeyIndex
 from flotilla_server.engine.sequence import Sequence, SequenceStatus
+from flotilla_server.engine.speculative import Speculator, propose
 from flotilla_server.engine.step_plan import ScheduledChunk, StepPlan
 from flotilla_server.engine.stopping import token_finish_reason
 
@@ -61,6 +66,7 @@ class Scheduler:
         reserve_blocks: int | None = None,
         rules: ClassRules | None = None,
         adapter_gate: Callable[[Sequence], bool] | None = None,
+        speculator: Speculator | None = None,
     ) -> None:
         if max_num_batched_tokens < max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs so every decode fits a step")
@@ -86,6 +92,7 @@ class Scheduler:
         self._by_id: dict[str, list[Sequence]] = {}  # a request's unfinished sequences, forks included
         # True when the sequence's adapter holds a slot now (loading it if it may); None: no adapters served
         self.adapter_gate = adapter_gate
+        self.speculator = speculator  # None: no decode row ever carries a draft
 
     # --- arrivals -------------------------------------------------------------------------------
 
@@ -237,7 +244,8 @@ class Scheduler:
             seq = self.running[i]
             prefill = seq.is_prefill
             budget = min(prefill_budget, batch_prefill_budget) if seq.params.is_batch else prefill_budget
-            n = min(seq.num_uncomputed_tokens, self.prefill_chunk, budget) if prefill else 1
+            draft = () if prefill else self._draft(seq, prefill_budget)
+            n = min(seq.num_uncomputed_tokens, self.prefill_chunk, budget) if prefill else 1 + len(draft)
             if n == 0 or (not prefill and id(seq) in skips):  # it waits a step, it is not evicted
                 self._lean_last_step |= n > 0
                 i += 1
@@ -258,8 +266,10 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # it preempted itself: running[i] is the next sequence now
             self.pool.grow(seq, target)
-            sample = target == seq.num_tokens
-            chunk = ScheduledChunk(seq, seq.num_computed_tokens, n, sample, tuple(seq.forks) if sample else ())
+            sample = target == seq.num_tokens + len(draft)
+            chunk = ScheduledChunk(seq, seq.num_computed_tokens, n, sample, tuple(seq.forks) if sample else (),
+                                   draft)
+            prefill_budget -= len(draft)
             if prefill:
                 plan.chunks.append(chunk)
                 plan.num_prefill_tokens += n
@@ -269,9 +279,20 @@ class Scheduler:
             else:
                 decodes.append(chunk)
             i += 1
-        plan.chunks.extend(decodes)
+        plan.chunks.extend(sorted(decodes, key=lambda c: not c.draft_token_ids))  # stable: drafted ones first
         plan.num_decode_seqs = len(decodes)
+        plan.num_draft_tokens = sum(len(c.draft_token_ids) for c in decodes)
         return plan
+
+    def _draft(self, seq: Sequence, budget_tokens: int) -> tuple[int, ...]:
+        """A decoding sequence's draft this step; () without speculation, or when its blocks are not free now."""
+        if self.speculator is None:
+            return ()
+        limit = self.speculator.draft_limit(seq.backoff, seq.params, seq.num_output_tokens, budget_tokens)
+        draft = propose(seq.prompt_token_ids + seq.output_token_ids, limit) if limit else []
+        if draft and not self.pool.can_grow(seq, seq.num_tokens + len(draft)):
+            return ()  # a draft never preempts
+        return tuple(draft)
 
     @staticmethod
     def _unplan(plan: StepPlan, decodes: list[ScheduledChunk], seq: Sequence) -> int:
@@ -280,7 +301,7 @@ class Scheduler:
         for chunk in decodes:
             if chunk.seq is seq:
                 decodes.remove(chunk)
-                return 0
+                return 0  # a draft's tokens are not handed back: the step just computes less
         chunk = next((c for c in plan.chunks if c.seq is seq), None)
         if chunk is None:
             return 0
@@ -301,18 +322,28 @@ class Scheduler:
             j += 1
         self.waiting.insert(j, seq)
 
-    def update(self, plan: StepPlan, sampled_token_ids: list[int]) -> list[Sequence]:
-        """Apply a step's results; returns the sequences that got a new token, in plan order.
+    def update(self, plan: StepPlan, sampled_token_ids: list[int],
+               num_accepted: Collection[int] = ()) -> list[Sequence]:
+        """Apply a step's results; returns the sequences that got new tokens, in plan order.
 
-        `sampled_token_ids` holds one token per row of `plan.sampled_seqs()`.
-        Sequences aborted while the step ran are skipped.
+        `sampled_token_ids` holds one token per row of `plan.sampled_seqs()`: for a drafted row, the token after
+        its accepted draft tokens; `num_accepted` holds, per chunk of `plan.drafted()`, how many of its draft's
+        tokens were accepted. Sequences aborted while the step ran are skipped.
         """
         tokens = iter(sampled_token_ids)
+        accepted = iter(num_accepted)
         changed: list[Sequence] = []
         for chunk in plan.chunks:
             token = next(tokens) if chunk.sample else None
             fork_tokens = [next(tokens) for _ in chunk.forks]
             seq = chunk.seq
+            if chunk.draft_token_ids:
+                m = next(accepted)
+                if seq.status is SequenceStatus.RUNNING:
+                    assert token is not None
+                    self._commit_draft(seq, chunk, m, token)
+                    changed.append(seq)
+                continue
             if seq.status is not SequenceStatus.RUNNING:
                 continue
             seq.num_computed_tokens = chunk.context_len
@@ -330,6 +361,29 @@ class Scheduler:
                 if reason is not None:
                     self.finish(s, reason)
         return changed
+
+    def _commit_draft(self, seq: Sequence, chunk: ScheduledChunk, num_accepted: int, token: int) -> None:
+        """Commit a drafted row: its first `num_accepted` draft tokens (their K/V were written this step), then
+        `token`; the sequence ends at the first token that ends it, and the tokens after it are dropped."""
+        draft = chunk.draft_token_ids
+        assert self.speculator is not None and 0 <= num_accepted <= len(draft)
+        self.speculator.observe(seq.backoff, len(draft), num_accepted)
+        before = seq.num_output_tokens
+        new = [*draft[:num_accepted], token]
+        seq.output_token_ids.extend(new)
+        seq.num_computed_tokens = chunk.context_len - (len(draft) - num_accepted)  # committed positions only
+        self._register_full_blocks(seq, chunk.start)
+        keep = self.pool.blocks_for(seq.num_tokens)  # the last token's position included: it is computed next
+        if len(seq.block_table) > keep:  # blocks that held only rejected tokens
+            rejected = seq.block_table[keep:]
+            del seq.block_table[keep:]
+            self.pool.release(rejected[::-1])
+        for j, t in enumerate(new):
+            reason = token_finish_reason(t, before + j + 1, seq.params, self.eos_token_ids)
+            if reason is not None:
+                del seq.output_token_ids[before + j + 1:]
+                self.finish(seq, reason)
+                return
 
     def _fork(self, leader: Sequence, fork: Sequence, at: int) -> None:
         """`fork` shares the leader's full prompt blocks and computes the rest itself, after its first token;

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flotilla_server.engine.sampling_params import SamplingParams
+from flotilla_server.engine.speculative import Backoff
 
 
 class SequenceStatus(enum.Enum):
@@ -41,6 +42,7 @@ class Sequence:
     # its grammar's state (an llguidance LLMatcher, engine/grammar_book.py) when params.grammar is set: its own
     # per choice, advanced by each sampled token, kept across preemption
     matcher: Any = None
+    backoff: Backoff = field(default_factory=Backoff)  # its proposals' acceptance (engine/speculative.py)
 
     @property
     def key(self) -> tuple[str, int]:

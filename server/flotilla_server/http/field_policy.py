@@ -11,7 +11,7 @@ that ignored a field that would have changed it:
   accepted like an ignored one: many clients send those defaults on every request.
 
 Our own fields (`top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `cache_salt`, `priority`,
-`flotilla_class`) are listed apart. Any other field gets a 400 naming it.
+`flotilla_class`, `speculative`) are listed apart. Any other field gets a 400 naming it.
 A test walks the SDK's types, so a field a newer SDK adds fails it until someone classifies it here.
 """
 
@@ -34,7 +34,8 @@ SUPPORTED = {
                                 "tool_choice", "parallel_tool_calls"},
 }
 # beyond OpenAI's API: vLLM's names, and the request class (docs/serving.md, "Priorities and tenants")
-OURS = frozenset({"top_k", "min_p", "repetition_penalty", "ignore_eos", "cache_salt", "priority", "flotilla_class"})
+OURS = frozenset({"top_k", "min_p", "repetition_penalty", "ignore_eos", "cache_salt", "priority", "flotilla_class",
+                  "speculative"})
 # OpenAI fields one endpoint takes beyond the SDK's types for it: vLLM's completions take response_format too
 OURS_BY_ENDPOINT = {"completions": frozenset({"response_format"}), "chat": frozenset()}
 

@@ -55,6 +55,10 @@ class StateSnapshot:
     preemptions_by_class: dict[str, int] = field(default_factory=dict)
     weight_bytes: int = 0  # the model's weights as held; 0: not loaded (no series)
     quantization: str = "none"
+    # speculative decoding, cumulative (engine/speculative.py); None: the server does not speculate (no series)
+    spec_drafts: int | None = None
+    spec_proposed_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
 
 class _StateCollector(Collector):
@@ -105,6 +109,8 @@ class _StateCollector(Collector):
             c = CounterMetricFamily(name, doc, labels=[names.MODEL_LABEL])
             c.add_metric([self._model], value)
             yield c
+        if s.spec_drafts is not None:
+            yield from self._speculation(s)
         by_class = [names.MODEL_LABEL, classes.CLASS_LABEL]
         waiting = GaugeMetricFamily(classes.CLASS_REQUESTS_WAITING, "Requests waiting, by class.", labels=by_class)
         running = GaugeMetricFamily(classes.CLASS_REQUESTS_RUNNING, "Sequences holding a slot, by class.",
@@ -115,6 +121,22 @@ class _StateCollector(Collector):
             running.add_metric([self._model, request_class], s.running_by_class.get(request_class, 0))
             preempted.add_metric([self._model, request_class], s.preemptions_by_class.get(request_class, 0))
         yield from (waiting, running, preempted)
+
+    def _speculation(self, s: StateSnapshot) -> Iterator[Metric]:
+        for name, doc, value in (
+            (names.SPEC_DRAFTS, "Drafts verified (speculative decoding).", s.spec_drafts),
+            (names.SPEC_PROPOSED_TOKENS, "Draft tokens proposed and verified.", s.spec_proposed_tokens),
+            (names.SPEC_ACCEPTED_TOKENS, "Draft tokens accepted (committed without a step of their own).",
+             s.spec_accepted_tokens),
+        ):
+            c = CounterMetricFamily(name, doc, labels=[names.MODEL_LABEL])
+            c.add_metric([self._model], value)
+            yield c
+        rate = s.spec_accepted_tokens / s.spec_proposed_tokens if s.spec_proposed_tokens else 0.0
+        g = GaugeMetricFamily(names.SPEC_ACCEPTANCE_RATE, "Draft tokens accepted ÷ proposed since start, in [0, 1].",
+                              labels=[names.MODEL_LABEL])
+        g.add_metric([self._model], rate)
+        yield g
 
 
 class ServerMetrics:

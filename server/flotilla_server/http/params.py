@@ -121,6 +121,7 @@ def sampling_params(state: ServerState, body: _SamplingFields, num_prompt_tokens
             priority=body.priority,
             grammar=grammar,
             lora=lora,
+            speculative=body.speculative,
         )
     except ValueError as e:
         raise APIError(400, f"{e}: change that field and retry.") from None

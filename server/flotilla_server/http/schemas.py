@@ -94,6 +94,10 @@ class _SamplingFields(BaseModel):
     flotilla_class: Literal["interactive", "batch"] | None = Field(
         default=None, description="interactive (the default) or batch; the X-Flotilla-Class header wins."
     )
+    speculative: bool = Field(
+        default=True, description="false: this request never proposes draft tokens when the server runs "
+                                  "--speculative ngram (docs/serving.md, 'Speculative decoding')."
+    )
 
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> _SamplingFields:

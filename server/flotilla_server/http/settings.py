@@ -62,6 +62,8 @@ class ServerSettings:
     small_step_threads: int | None = None
     device: str = "cpu"
     cuda_graphs: str = "auto"
+    speculative: str = "off"
+    speculative_tokens: int = f.DEFAULT_SPECULATIVE_TOKENS
     max_body_bytes: int = f.DEFAULT_MAX_BODY_BYTES
     engine_mode: str = "process"
     http_processes: int = 1
@@ -116,6 +118,11 @@ class ServerSettings:
             raise ValueError(f"--prefix-caching must be one of {', '.join(f.PREFIX_CACHING)}, got {self.prefix_caching!r}")
         if self.cuda_graphs not in f.CUDA_GRAPHS:
             raise ValueError(f"--cuda-graphs must be one of {', '.join(f.CUDA_GRAPHS)}, got {self.cuda_graphs!r}")
+        if self.speculative not in f.SPECULATIVE_METHODS:
+            raise ValueError(f"--speculative must be one of {', '.join(f.SPECULATIVE_METHODS)}, got {self.speculative!r}")
+        if not f.MIN_SPECULATIVE_TOKENS <= self.speculative_tokens <= f.MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"--speculative-tokens must be in {f.MIN_SPECULATIVE_TOKENS}..{f.MAX_SPECULATIVE_TOKENS}, "
+                             f"got {self.speculative_tokens}")
         if self.cuda_graphs == "on" and not self.device.startswith("cuda"):
             raise ValueError(f"--cuda-graphs on needs --device cuda (a CUDA graph runs on a GPU), got --device {self.device}")
         if self.engine_mode not in f.ENGINE_MODES:
@@ -290,4 +297,5 @@ class ServerSettings:
             small_step_threads=self.small_step_threads, cuda_graphs=self.uses_cuda_graphs,
             loras=self.lora_specs, max_loras=self.max_loras, max_lora_rank=self.max_lora_rank,
             lora_list_file=self.lora_list_file, lora_runtime_loads=bool(self.lora_dirs),
+            speculative=self.speculative, speculative_tokens=self.speculative_tokens,
         )

@@ -126,6 +126,9 @@ class ServerState:
             prefix_cache_hits=s.prefix_cache_hits,
             weight_bytes=self.model_weight_bytes,
             quantization=self.model_quantization,
+            spec_drafts=s.spec_drafts if s.speculating else None,
+            spec_proposed_tokens=s.spec_proposed_tokens,
+            spec_accepted_tokens=s.spec_accepted_tokens,
         )
 
     @property
