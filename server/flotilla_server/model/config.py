@@ -32,11 +32,12 @@ class UnsupportedModelError(ValueError):
 
 @dataclass(frozen=True)
 class RopeScaling:
-    rope_type: str  # "linear" or "llama3"
+    rope_type: str  # "linear", "llama3", or "rope_freqs" (a GGUF's per-frequency divisors)
     factor: float
     low_freq_factor: float = 1.0  # llama3 only
     high_freq_factor: float = 4.0  # llama3 only
     original_max_position_embeddings: int = 8192  # llama3 only
+    freq_divisors: tuple[float, ...] = ()  # rope_freqs only: inverse frequency i is divided by entry i
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
-"""load_gguf: a llama.cpp `.gguf` file (Llama architecture) to a ready DecoderModel.
+"""load_gguf: a llama.cpp `.gguf` file (architecture llama, qwen2 or qwen3) to a ready DecoderModel.
 
 GGUF is how llama.cpp and Ollama users hold their models: one file with the weights (often
-quantized), the config as `llama.*` metadata and the tokenizer as `tokenizer.ggml.*` metadata.
+quantized), the config as `{architecture}.*` metadata and the tokenizer as `tokenizer.ggml.*` metadata.
+The three architectures are one decoder here (model/llama.py): Qwen2 adds Q/K/V biases, Qwen3 Q/K norms,
+and only llama.cpp's `llama` conversion permutes the Q and K rows (its other converters keep Hugging Face's).
 
 With `quantization="gguf"` (the default for a GGUF on CPU) every projection and the token embedding whose
 type has a kernel (gguf_meta.BLOCK_KERNEL_TYPES) keep the file's blocks (quant_linear.py); the rest (the
@@ -27,7 +29,15 @@ from gguf.quants import dequantize
 
 from .config import ModelConfig, UnsupportedModelError
 from .gguf_file import GGUFModel, TensorInfo
-from .gguf_meta import BLOCK_KERNEL_TYPES, PROJECTION_PARTS, SUPPORTED_TYPES, is_gguf, read_gguf, served_name
+from .gguf_meta import (
+    BLOCK_KERNEL_TYPES,
+    PROJECTION_PARTS,
+    ROPE_FREQS,
+    SUPPORTED_TYPES,
+    is_gguf,
+    read_gguf,
+    served_name,
+)
 from .llama import DecoderModel
 from .quant_linear import QuantizedEmbedding, QuantizedLinear
 from .tokenizer import Tokenizer
@@ -52,7 +62,11 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",  # Qwen3
+    "attn_k_norm": "self_attn.k_norm",
 }
+# tensors the config already holds (gguf_meta.rope_scaling), not weights
+_CONFIG_TENSORS = frozenset({ROPE_FREQS})
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
@@ -107,7 +121,9 @@ def keep_blocks(net: DecoderModel, gg: GGUFModel, config: ModelConfig, torch_typ
 
 
 def _heads_of(name: str, config: ModelConfig) -> int | None:
-    """The head count whose rows llama.cpp permuted in this tensor (Q and K), else None."""
+    """The head count whose rows llama.cpp permuted in this tensor (Q and K of a `llama` file), else None."""
+    if config.model_type != "llama":
+        return None
     part = name.split(".")[-2]
     return {"attn_q": config.num_heads, "attn_k": config.num_kv_heads}.get(part)
 
@@ -123,23 +139,23 @@ def _hf_tensors(gg: GGUFModel, config: ModelConfig, skip: set[str] = frozenset()
     """(Hugging Face name, float32 CPU tensor), dequantized one at a time; the GGUF names in `skip` are held
     as blocks already."""
     for t in gg.tensors:
-        if t.name in skip:
+        if t.name in skip or t.name in _CONFIG_TENSORS:
             continue
-        name = _hf_name(t.name)
+        name = _hf_name(t.name, gg.architecture)
         weights = dequantize(t.data, GGMLQuantizationType(t.type_id))  # numpy order: (out_features, in_features)
-        if name.endswith(("q_proj.weight", "q_proj.bias")):
-            weights = _unpermute(weights, config.num_heads)
-        elif name.endswith(("k_proj.weight", "k_proj.bias")):
-            weights = _unpermute(weights, config.num_kv_heads)
+        heads = _heads_of(t.name, config)
+        if heads is not None:
+            weights = _unpermute(weights, heads)
         yield name, torch.from_numpy(np.array(weights, dtype=np.float32))  # a copy: the file is mapped read-only
 
 
-def _hf_name(name: str) -> str:
+def _hf_name(name: str, architecture: str) -> str:
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
     m = _LAYER_TENSOR.fullmatch(name)
     if m is None or m.group(2) not in _LAYER_NAMES:
-        raise UnsupportedModelError(f"GGUF tensor {name!r} is not part of a Llama model: the file does not match its architecture")
+        raise UnsupportedModelError(f"GGUF tensor {name!r} is not part of a {architecture} model as Flotilla runs it: "
+                                    "the file does not match its architecture")
     layer, part, kind = m.groups()
     return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
 

@@ -13,23 +13,29 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 from gguf import GGMLQuantizationType
 
-from .config import ModelConfig, UnsupportedModelError
+from .config import ModelConfig, RopeScaling, UnsupportedModelError
 from .gguf_file import GGUFModel
 from .gguf_tokenizer import tokenizer_from_gguf
 from .tokenizer import Tokenizer
 
 T = GGMLQuantizationType
-SUPPORTED_TYPES = frozenset({T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K})
-# the types `--quantization gguf` keeps in their blocks on CPU (model/quant_blocks.py has their kernels; the
-# k-quants Q4_K and Q6_K in super-blocks of 256 weights); the others are dequantized at load
-BLOCK_KERNEL_TYPES = frozenset({T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K})
+# the types `--quantization gguf` keeps in their blocks on CPU (model/quant_blocks.py has their products: native
+# kernels for Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K, a torch fallback for the others; the k-quants in
+# super-blocks of 256 weights); F32, F16 and BF16 are dequantized at load
+BLOCK_KERNEL_TYPES = frozenset({T.Q8_0, T.Q5_0, T.Q5_1, T.Q4_0, T.Q4_1, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K})
+SUPPORTED_TYPES = frozenset({T.F32, T.F16, T.BF16}) | BLOCK_KERNEL_TYPES
 # the runtime's projections (model/llama.py) and the GGUF tensors of their parts, in output order: a
 # projection keeps blocks only when every part's type has a kernel
 PROJECTION_PARTS = {"self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"), "mlp.gate_up_proj": ("ffn_gate", "ffn_up"),
                     "self_attn.o_proj": ("attn_output",), "mlp.down_proj": ("ffn_down",)}
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+# llama.cpp's `rope.scaling.type` values the runtime runs: none, and linear (positions divided by a factor);
+# Llama 3's scaling has no type there, only a `rope_freqs` tensor (each frequency's divisor)
+SUPPORTED_ROPE_SCALING = ("none", "linear")
+ROPE_FREQS = "rope_freqs.weight"
 # file-name suffixes that name a quantization, not the model (SmolLM2-135M-Instruct.Q4_1.gguf)
 _QUANT_SUFFIX = re.compile(r"[.-](f32|f16|bf16|q\d\w*|iq\d\w*)$", re.IGNORECASE)
 
@@ -61,34 +67,65 @@ def served_name(path: Path) -> str:
 
 
 def gguf_config(gg: GGUFModel) -> ModelConfig:
-    """Maps `llama.*` metadata to ModelConfig; refuses RoPE variants the runtime does not run."""
-    scaling = gg.arch_field("rope.scaling.type", "none")
-    if scaling != "none" or any(t.name == "rope_freqs.weight" for t in gg.tensors):
-        raise UnsupportedModelError(
-            f"{gg.path.name}: RoPE scaling ({scaling!r}, or a rope_freqs tensor) is not supported for GGUF "
-            "files: use the model's Hugging Face directory instead"
-        )
+    """Maps `{architecture}.*` metadata to ModelConfig; refuses RoPE variants the runtime does not run. The
+    optional parts come from the tensors present, as llama.cpp reads them: Q/K/V biases (Qwen2), Q/K norms
+    (Qwen3), an output bias, no `output.weight` (tied embeddings)."""
     tokens = gg.field("tokenizer.ggml.tokens") or []
     hidden = int(gg.arch_field("embedding_length"))
     num_heads = int(gg.arch_field("attention.head_count"))
+    head_dim = int(gg.arch_field("attention.key_length", hidden // num_heads))
     eos = gg.field("tokenizer.ggml.eos_token_id")
     bos = gg.field("tokenizer.ggml.bos_token_id")
+    names = {t.name for t in gg.tensors}
     return ModelConfig(
-        model_type="llama",
+        model_type=gg.architecture,
         vocab_size=int(gg.arch_field("vocab_size", len(tokens))),
         hidden_size=hidden,
         intermediate_size=int(gg.arch_field("feed_forward_length")),
         num_layers=int(gg.arch_field("block_count")),
         num_heads=num_heads,
         num_kv_heads=int(gg.arch_field("attention.head_count_kv", num_heads)),
-        head_dim=int(gg.arch_field("attention.key_length", hidden // num_heads)),
+        head_dim=head_dim,
         max_position_embeddings=int(gg.arch_field("context_length", 2048)),
         rms_norm_eps=float(gg.arch_field("attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(gg.arch_field("rope.freq_base", 10000.0)),
-        tie_word_embeddings=not any(t.name == "output.weight" for t in gg.tensors),
+        rope_scaling=rope_scaling(gg, head_dim),
+        qkv_bias="blk.0.attn_q.bias" in names,
+        o_bias="blk.0.attn_output.bias" in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names,
+        tie_word_embeddings="output.weight" not in names,
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=() if eos is None else (int(eos),),
     )
+
+
+def rope_scaling(gg: GGUFModel, head_dim: int) -> RopeScaling | None:
+    """The file's RoPE scaling: `rope.scaling.type` linear (`rope.scaling.factor`), and a `rope_freqs` tensor
+    (Llama 3.1 and 3.2 files: llama.cpp divides each frequency by its entry, and with linear scaling by the
+    factor too). Refuses, by name, a type the runtime does not run (yarn, longrope) and a partial rotary."""
+    kind = str(gg.arch_field("rope.scaling.type", "none"))
+    if kind not in SUPPORTED_ROPE_SCALING:
+        raise UnsupportedModelError(
+            f"{gg.path.name}: GGUF RoPE scaling type {kind!r} is not supported: Flotilla runs "
+            f"{', '.join(SUPPORTED_ROPE_SCALING)} and Llama 3's (a rope_freqs tensor); use a file without it"
+        )
+    rotary = int(gg.arch_field("rope.dimension_count", head_dim))
+    if rotary != head_dim:
+        raise UnsupportedModelError(f"{gg.path.name}: RoPE over {rotary} of {head_dim} head dimensions (partial "
+                                    "rotary) is not supported for GGUF files; use the model's Hugging Face directory")
+    factor = float(gg.arch_field("rope.scaling.factor", 1.0)) if kind == "linear" else 1.0
+    if not (factor > 0 and np.isfinite(factor)):
+        raise UnsupportedModelError(f"{gg.path.name}: rope.scaling.factor must be a positive number, got {factor}")
+    freqs = next((t for t in gg.tensors if t.name == ROPE_FREQS), None)
+    if freqs is None:
+        return None if kind == "none" else RopeScaling("linear", factor)
+    if freqs.type_id != T.F32 or freqs.shape != (head_dim // 2,):
+        raise UnsupportedModelError(f"{gg.path.name}: {ROPE_FREQS} must be {head_dim // 2} float32 values (one per "
+                                    f"frequency), got {freqs.type_name} {list(freqs.shape)}: the file is damaged")
+    divisors = tuple(float(v) * factor for v in freqs.data.view(np.float32))
+    if not all(v > 0 and np.isfinite(v) for v in divisors):
+        raise UnsupportedModelError(f"{gg.path.name}: {ROPE_FREQS} holds a value that is not a positive number")
+    return RopeScaling("rope_freqs", 1.0, freq_divisors=divisors)
 
 
 def _check_tensor_types(gg: GGUFModel) -> None:

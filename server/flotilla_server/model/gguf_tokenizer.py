@@ -22,6 +22,9 @@ _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Qwen2's (and Qwen2.5's, Qwen3's): Llama 3's rule but every digit alone (llama.cpp's LLAMA_VOCAB_PRE_TYPE_QWEN2;
+# like llama.cpp and transformers' GGUF reader, no NFC normalizer, which Qwen's own tokenizer.json adds)
+_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
 
 
 def _gpt2() -> list[pre_tokenizers.PreTokenizer]:
@@ -33,13 +36,21 @@ def _smollm() -> list[pre_tokenizers.PreTokenizer]:
     return [pre_tokenizers.Digits(individual_digits=True), *_gpt2()]
 
 
-def _llama3() -> list[pre_tokenizers.PreTokenizer]:
-    return [pre_tokenizers.Split(Regex(_LLAMA3_SPLIT), behavior="isolated"),
+def _split_then_bytes(rule: str) -> list[pre_tokenizers.PreTokenizer]:
+    return [pre_tokenizers.Split(Regex(rule), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
 
 
+def _llama3() -> list[pre_tokenizers.PreTokenizer]:
+    return _split_then_bytes(_LLAMA3_SPLIT)
+
+
+def _qwen2() -> list[pre_tokenizers.PreTokenizer]:
+    return _split_then_bytes(_QWEN2_SPLIT)
+
+
 # tokenizer.ggml.pre -> the pre-tokenizer its vocabulary was trained with (as in llama.cpp)
-PRE_TOKENIZERS = {"gpt-2": _gpt2, "smollm": _smollm, "llama-bpe": _llama3}
+PRE_TOKENIZERS = {"gpt-2": _gpt2, "smollm": _smollm, "llama-bpe": _llama3, "qwen2": _qwen2}
 
 
 def tokenizer_from_gguf(gg: GGUFModel) -> Tokenizer:

@@ -1,5 +1,10 @@
-"""Products with weights kept in llama.cpp's GGUF blocks (Q8_0, Q4_0, Q4_1, and the k-quants Q4_K and Q6_K), as
-uint8 tensors [rows, bytes per row] of the file's bytes.
+"""Products with weights kept in llama.cpp's GGUF blocks (Q8_0, Q5_0, Q5_1, Q4_0, Q4_1, and the k-quants Q2_K,
+Q3_K, Q4_K, Q5_K and Q6_K), as uint8 tensors [rows, bytes per row] of the file's bytes.
+
+Native kernels multiply Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K (NATIVE_TYPES); Q5_0, Q5_1, Q2_K and Q3_K take the
+torch fallback below at every row count (exact too, but it decodes a tile of float weights per product, so a
+decode step is slower with them: llama.cpp gives them to few tensors of a file, e.g. the rows of a width that
+is not a multiple of 256). Their layouts and torch decoders are in model/quant_decoders.py.
 
 Why: a decode step at batch 1 reads every weight once, so its speed is the bytes it reads, and a pool's memory
 budget is the bytes each model holds; a Q8_0 weight is 8.5 bits, Q6_K 6.5625, Q4_1 5, Q4_0 and Q4_K 4.5, its
@@ -39,7 +44,7 @@ float32 copy 32.
   at batch 1 where the float path is bound by instructions (a Q8_0 head: about 1.6x), but SmolLM2-135M's
   Q4_1 file then agrees with its dequantized weights on the top-1 token at only 94-95 % of positions, where
   the project asks for 98 % (tests/server/model/test_quantized_accuracy.py). Q4_K and Q6_K have the float
-  path only (model/kernels/kquant_matmul.cpp, with its timings): in int8 mode they take it too. A library
+  path only (model/kernels/kquant_matmul.cpp, with its timings), and Q5_K with them: in int8 mode they take it too. A library
   built before their kernels refuses their type ids: they then take the torch fallback (logged once);
 - `dequantize_rows(blocks, qtype)`: the rows in float, equal to `gguf.quants.dequantize`: an embedding
   lookup decodes only the rows it reads (the native `dequantize_blocks` op gives the same bits, faster);
@@ -58,13 +63,14 @@ Block layouts (llama.cpp's ggml-common.h; little-endian). A block is 32 consecut
 and a k-quant's super-block 256 (so a row of k-quants is a multiple of 256 weights; llama.cpp gives tensors
 with other rows another type):
   Q4_K, 144 bytes: fp16 d, fp16 dmin, uint8 scales[12], uint8 qs[128]; 8 sub-blocks of 32 weights with a 6-bit
-    scale sc and min m each, packed in scales[] (_q4k_scales_and_mins); weight 64 j + i (i < 32) is the low
-    nibble of qs[32 j + i] in sub-block 2 j, weight 64 j + 32 + i its high nibble in sub-block 2 j + 1;
+    scale sc and min m each, packed in scales[] (quant_decoders.q4k_scales_and_mins); weight 64 j + i (i < 32) is
+    the low nibble of qs[32 j + i] in sub-block 2 j, weight 64 j + 32 + i its high nibble in sub-block 2 j + 1;
     w = (d * sc) * nibble - dmin * m
   Q6_K, 210 bytes: uint8 ql[128], uint8 qh[64], int8 scales[16], fp16 d; 16 sub-blocks of 16 weights; weight
     128 h + 32 s + i (h < 2, s < 4, i < 32) has its low 4 bits from ql[64 h + 32 (s % 2) + i] (the low nibble
     for s < 2, the high one after) and its high 2 from bits 2 s and 2 s + 1 of qh[32 h + i], q in 0..63;
     w = (d * scales[sub-block]) * (q - 32)
+(Q5_0, Q5_1, Q2_K, Q3_K and Q5_K: model/quant_decoders.py.)
 """
 
 from __future__ import annotations
@@ -75,16 +81,22 @@ from collections.abc import Callable
 import torch
 from gguf import GGMLQuantizationType
 
+from . import quant_decoders as decoders
 from .native_gemv import native_op
 
-Q8_0, Q4_0, Q4_1 = GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1
-Q4_K, Q6_K = GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K
-BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20, Q4_K: 144, Q6_K: 210}
+T = GGMLQuantizationType
+Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 = T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K
+BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q2_K: 84, Q3_K: 110, Q4_K: 144, Q5_K: 176, Q6_K: 210}
 # weights per block: 32, or a k-quant's super-block of 256
-BLOCK_WEIGHTS = {Q8_0: 32, Q4_0: 32, Q4_1: 32, Q4_K: 256, Q6_K: 256}
-NATIVE_TYPES = frozenset(BLOCK_BYTES)
+BLOCK_WEIGHTS = {t: 256 if t in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) else 32 for t in BLOCK_BYTES}
+# the types the native library multiplies (when built from today's sources); the others take the torch fallback
+NATIVE_TYPES = frozenset({Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K})
 # the k-quants: the native kernel multiplies them with float activations in either mode
-KQUANT_TYPES = frozenset({Q4_K, Q6_K})
+KQUANT_TYPES = frozenset({Q2_K, Q3_K, Q4_K, Q5_K, Q6_K})
+# raw [rows, blocks, block bytes] -> float32 weights, in gguf's order of operations (model/quant_decoders.py)
+_DECODERS = {Q5_0: decoders.q5_0, Q5_1: decoders.q5_1, Q2_K: decoders.q2_k, Q3_K: decoders.q3_k,
+             Q4_K: decoders.q4_k, Q5_K: decoders.q5_k, Q6_K: decoders.q6_k}
 # float32 bytes of weights the fallback decodes at a time (its temporaries are a few times that)
 FALLBACK_TILE_BYTES = 1 << 20
 # from this many rows of x (float activations), quant_matmul decodes TILE_BYTES of float32 weights at a time
@@ -100,27 +112,36 @@ _kernel_activations = native_op("kernel_activations")
 log = logging.getLogger(__name__)
 
 
-def _has_native_kquants() -> bool:
-    """Whether the library multiplies Q4_K and Q6_K: one built before their kernels refuses their type ids."""
+def _has_native_kquants(qtype: GGMLQuantizationType = Q4_K, names: str = "Q4_K and Q6_K") -> bool:
+    """Whether the library multiplies `qtype` (Q4_K standing for Q6_K, built with it): one built before its
+    kernel refuses its type id."""
     if _quant_matmul is None:
         return False
     try:
-        _quant_matmul(torch.zeros(0, 256), torch.zeros(0, BLOCK_BYTES[Q4_K], dtype=torch.uint8), int(Q4_K))
+        _quant_matmul(torch.zeros(0, 256), torch.zeros(0, BLOCK_BYTES[qtype], dtype=torch.uint8), int(qtype))
         return True
     except RuntimeError:
-        log.warning("the native CPU kernels have no Q4_K and Q6_K products: built from older sources, make setup "
-                    "rebuilds them; those types take the torch fallback")
+        log.warning("the native CPU kernels have no %s products: built from older sources, make setup "
+                    "rebuilds them; those types take the torch fallback", names)
         return False
 
 
 _NATIVE_KQUANTS = _has_native_kquants()
+_NATIVE_Q5K = _has_native_kquants(Q5_K, "Q5_K")
+
+
+def _native_type(qtype: int) -> bool:
+    """Whether the loaded library multiplies (and dequantizes) blocks of `qtype`."""
+    if qtype in (Q4_K, Q6_K):
+        return _NATIVE_KQUANTS
+    return _NATIVE_Q5K if qtype == Q5_K else qtype in NATIVE_TYPES
 
 
 def few_rows_product(qtype: int) -> Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor] | None:
     """The native op that quant_matmul calls for under MANY_ROWS float32 CPU rows of x times CPU blocks of
     `qtype`, or None where it takes another path: a caller making many such products (a decode step's
     projections) may call it directly and skip quant_matmul's checks."""
-    if _quant_matmul is None or (int(qtype) in KQUANT_TYPES and not _NATIVE_KQUANTS):
+    if _quant_matmul is None or not _native_type(int(qtype)):
         return None
     return _quant_matmul
 
@@ -135,72 +156,30 @@ def _block_shape(qtype: int) -> tuple[int, int]:
         raise ValueError(f"GGML type {qtype} has no block kernel here: only {names}") from None
 
 
-def _halves(raw: torch.Tensor, at: int) -> torch.Tensor:
-    """The fp16 at byte `at` of each block of raw [rows, blocks, block bytes], as float32 [rows, blocks, 1]."""
-    return raw[..., at:at + 2].contiguous().view(torch.float16).float()
-
-
-def _q4k_scales_and_mins(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q4_K's 12 packed bytes [..., 12] -> its 8 six-bit scales and 8 mins, each uint8 [..., 8], as llama.cpp's
-    get_scale_min_k4: for j < 4, scale j is the low 6 bits of byte j and min j of byte j + 4; for j >= 4 their
-    low 4 bits are byte j + 4's low (scale) or high (min) nibble and their high 2 the top bits of byte j - 4
-    (scale) or j (min)."""
-    d, m, both = packed[..., 0:4], packed[..., 4:8], packed[..., 8:12]
-    scales = torch.cat((d & 0x3F, (both & 0x0F) | ((d >> 2) & 0x30)), dim=-1)
-    mins = torch.cat((m & 0x3F, (both >> 4) | ((m >> 2) & 0x30)), dim=-1)
-    return scales, mins
-
-
-def _q4k(raw: torch.Tensor) -> torch.Tensor:
-    """raw [rows, blocks, 144] -> float32 [rows, blocks, 8 sub-blocks, 32]: (d * sc) * nibble - dmin * m, each
-    step rounded to float32 as gguf's numpy does (the product is exact, so only the subtraction rounds)."""
-    scales, mins = _q4k_scales_and_mins(raw[..., 4:16])
-    d_scales = (_halves(raw, 0) * scales.float()).unsqueeze(-1)  # [rows, blocks, 8, 1]
-    d_mins = (_halves(raw, 2) * mins.float()).unsqueeze(-1)
-    qs = raw[..., 16:].reshape(*raw.shape[:-1], 4, 1, 32)  # 32 bytes: sub-blocks 2 j (low) and 2 j + 1 (high)
-    nibbles = torch.cat((qs & 0x0F, qs >> 4), dim=-2).reshape(*raw.shape[:-1], 8, 32).float()
-    return nibbles.mul_(d_scales).sub_(d_mins)
-
-
-def _q6k(raw: torch.Tensor) -> torch.Tensor:
-    """raw [rows, blocks, 210] -> float32 [rows, blocks, 16 sub-blocks, 16]: (d * scale) * (q - 32), the
-    product exact, as gguf's numpy computes it."""
-    lead = raw.shape[:-1]
-    ql = raw[..., :128].reshape(*lead, 2, 1, 64)  # per half: s = 0, 1 from low nibbles, s = 2, 3 from high
-    low = torch.cat((ql & 0x0F, ql >> 4), dim=-2).reshape(*lead, 2, 4, 32)
-    qh = raw[..., 128:192].reshape(*lead, 2, 1, 32)
-    high = torch.cat([(qh >> shift) & 0x03 for shift in (0, 2, 4, 6)], dim=-2)  # [.., 2, 4, 32]: s = 0..3
-    q = (low | (high << 4)).reshape(*lead, 16, 16).float().sub_(32)
-    d_scales = _halves(raw, 208) * raw[..., 192:208].contiguous().view(torch.int8).float()  # [rows, blocks, 16]
-    return q.mul_(d_scales.unsqueeze(-1))
-
-
 def dequantize_rows(blocks: torch.Tensor, qtype: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """uint8 blocks [rows, bytes per row] -> [rows, weights per block * blocks per row] in `dtype`: computed in
     float32 in gguf's order of operations, so float32 results have gguf.quants.dequantize's bits."""
     _, block_bytes = _block_shape(qtype)
     rows, row_bytes = blocks.shape
     raw = blocks.reshape(rows, row_bytes // block_bytes, block_bytes)
-    if qtype == Q4_K:
-        return _q4k(raw).reshape(rows, -1).to(dtype)
-    if qtype == Q6_K:
-        return _q6k(raw).reshape(rows, -1).to(dtype)
-    d = _halves(raw, 0)
+    if qtype in _DECODERS:
+        return _DECODERS[qtype](raw).reshape(rows, -1).to(dtype)
+    d = decoders.halves(raw, 0)
     if qtype == Q8_0:
         w = raw[..., 2:].contiguous().view(torch.int8).float().mul_(d)
     else:
         quants = raw[..., 4:] if qtype == Q4_1 else raw[..., 2:]
         nibbles = torch.cat((quants & 0x0F, quants >> 4), dim=-1).float()
-        w = nibbles.mul_(d).add_(_halves(raw, 2)) if qtype == Q4_1 else nibbles.sub_(8).mul_(d)
+        w = nibbles.mul_(d).add_(decoders.halves(raw, 2)) if qtype == Q4_1 else nibbles.sub_(8).mul_(d)
     return w.reshape(rows, -1).to(dtype)
 
 
 def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int) -> torch.Tensor:
     """x [..., k] float32 @ dequantize(blocks [n, k / block weights * block bytes]).T -> [..., n], no autograd
-    (block weights: 32, or 256 for Q4_K and Q6_K).
+    (block weights: 32, or 256 for the k-quants).
 
     Under MANY_ROWS rows of x, the native kernel multiplies x by the exact weights (or, in int8 mode, x
-    rounded to int8 per block of 32, Q4_K and Q6_K excepted; the error bounds are in
+    rounded to int8 per block of 32, the k-quants excepted; the error bounds are in
     tests/server/model/test_quant_kernels.py) and checks its arguments itself, so that this wrapper adds
     little to its few us per call (a decode step makes hundreds). From MANY_ROWS rows (float mode, or a
     k-quant), and in the fallback (no library, or x not float32 on CPU), tiles of weights are decoded to
@@ -209,7 +188,7 @@ def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int) -> torch.Ten
     rows = x.numel() // k if k else 0
     kquant = qtype in KQUANT_TYPES
     native = (_quant_matmul is not None and x.dtype == torch.float32 and x.is_cpu and blocks.is_cpu
-              and (_NATIVE_KQUANTS or not kquant))
+              and _native_type(int(qtype)))
     if native and (rows < MANY_ROWS or _dequantize_blocks is None or (not kquant and active_activations() == "int8")):
         if x.dim() == 2:
             return _quant_matmul(x, blocks, int(qtype))

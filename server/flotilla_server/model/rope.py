@@ -21,6 +21,8 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None
         return inv_freq
     if scaling.rope_type == "linear":
         return inv_freq / scaling.factor
+    if scaling.rope_type == "rope_freqs":  # as llama.cpp applies a GGUF's rope_freqs tensor
+        return inv_freq / torch.tensor(scaling.freq_divisors, dtype=torch.float32)
     # llama3: long wavelengths are slowed by `factor`, short ones kept, the band between interpolated
     old_len = scaling.original_max_position_embeddings
     low_freq_wavelen = old_len / scaling.low_freq_factor

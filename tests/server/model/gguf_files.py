@@ -2,7 +2,7 @@
 
 Its matrices are stored in one chosen tensor type (or, through `tensor_types`, some of them in others,
 as a Q4_K_M file mixes Q4_K, Q6_K and Q8_0), quantized by `gguf.quants.quantize` where the package can (F16,
-BF16, Q8_0, Q4_0, Q4_1, ...). For Q4_K and Q6_K it cannot; their blocks are random bytes whose float16
+BF16, Q8_0, Q5_0, Q5_1, Q4_0, Q4_1, ...). For the k-quants (and IQ4_XS) it cannot; their blocks are random bytes whose float16
 scale fields are set so that the weights are finite, about zero-mean and small (Q4_K subtracts dmin x min
 from d x scale x q, so dmin = 7.5 d centres it), valid blocks all the same. The tokenizer is byte-level BPE
 over the 256 byte symbols plus a few merges and ChatML's special tokens.
@@ -25,8 +25,11 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r"]
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-# type -> ({offset of a float16 field: its value}, block bytes), for the types `quantize` cannot write
-_K_QUANT_F16_FIELDS = {T.Q4_K: ({0: 3e-4, 2: 7.5 * 3e-4}, 144), T.Q6_K: ({208: 3.5e-5}, 210)}
+# type -> ({offset of a float16 field: its value}, block bytes), for the types `quantize` cannot write: d, and
+# dmin where the type subtracts mins, chosen so the weights are about zero-mean and under about 0.3
+_K_QUANT_F16_FIELDS = {T.Q4_K: ({0: 3e-4, 2: 7.5 * 3e-4}, 144), T.Q6_K: ({208: 3.5e-5}, 210),
+                       T.Q5_K: ({0: 1.5e-4, 2: 15.5 * 1.5e-4}, 176), T.Q3_K: ({108: 1e-3}, 110),
+                       T.Q2_K: ({80: 4e-3, 82: 1.5 * 4e-3}, 84), T.IQ4_XS: ({0: 1e-3}, 136)}
 
 
 def vocabulary() -> tuple[list[str], list[int]]:

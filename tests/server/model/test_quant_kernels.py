@@ -497,7 +497,7 @@ def test_fallback_checks_types_and_widths(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(quant_blocks, "_quant_matmul", None)  # the native op checks its own (above)
     assert quant_blocks.active_activations() == "torch" and force_activations("int8") == "torch"
     with pytest.raises(ValueError, match="no block kernel here"):
-        quant_matmul(torch.randn(1, 32), torch.zeros(1, 34, dtype=torch.uint8), GGMLQuantizationType.Q5_K)
+        quant_matmul(torch.randn(1, 32), torch.zeros(1, 34, dtype=torch.uint8), GGMLQuantizationType.IQ4_XS)
     with pytest.raises(ValueError, match="do not hold k = 64"):
         quant_matmul(torch.randn(1, 64), torch.zeros(1, 34, dtype=torch.uint8), Q8_0)
 

@@ -1,9 +1,9 @@
-// llama.cpp's k-quants, Q4_K (GGML type 12) and Q6_K (14), for torch.ops.flotilla.quant_matmul and
+// llama.cpp's k-quants, Q4_K (GGML type 12), Q5_K (13) and Q6_K (14), for torch.ops.flotilla.quant_matmul and
 // dequantize_blocks: quant_matmul.cpp checks the arguments, picks the instruction set and calls matmul() or
 // dequantize() here (scripts/build_kernels.py builds both files into one library).
 //
-// Why: llama.cpp's Q4_K_M and Q6_K files hold most of their weights in these types, 4.5 and 6.5625 bits per
-// weight against 32 for a float32 copy, and a decode step at batch 1 reads every weight once, so its speed is
+// Why: llama.cpp's Q4_K_M, Q5_K_M and Q6_K files hold most of their weights in these types, 4.5, 5.5 and
+// 6.5625 bits per weight against 32 for a float32 copy, and a decode step at batch 1 reads every weight once, so its speed is
 // the bytes it reads (and a pool's memory budget the bytes each model holds).
 //
 // Layouts (ggml-common.h; a super-block is 256 consecutive weights of a row, little-endian):
@@ -11,6 +11,8 @@
 //     a 6-bit scale sc and a 6-bit min m packed in scales[] (q4k_six_bits). Weight 64 j + i (j < 4, i < 32) is
 //     the low nibble q of qs[32 j + i], in sub-block 2 j; weight 64 j + 32 + i its high nibble, in sub-block
 //     2 j + 1. w = (d * sc) * q - dmin * m.
+//   Q5_K, 176 bytes: fp16 d, fp16 dmin, uint8 scales[12] (Q4_K's), uint8 qh[32], uint8 qs[128]. As Q4_K, with a
+//     fifth bit: weight 64 j + i takes bit 2 j of qh[i], weight 64 j + 32 + i bit 2 j + 1, q in 0..31.
 //   Q6_K, 210 bytes: uint8 ql[128], uint8 qh[64], int8 scales[16], fp16 d. 16 sub-blocks of 16 weights. Weight
 //     128 h + 32 s + i (h < 2, s < 4, i < 32) has the low 4 bits of q from ql[64 h + 32 (s & 1) + i] (its low
 //     nibble for s < 2, its high one for s >= 2) and the high 2 from bits 2 s, 2 s + 1 of qh[32 h + i].
@@ -18,14 +20,16 @@
 // Exact weights: d * sc, dmin * m and d * scales are exact in float32 (an fp16 times an integer of 8 bits at
 // most); so are (d * sc) * q (at most 11 + 6 + 4 significant bits) and (d * scale) * (q - 32) (odd parts at
 // most 2047 * 127 * 31 < 2^24). So a Q6_K weight is an exact product, and a Q4_K weight is rounded once, at
-// the subtraction of dmin * m, which an FMA (q * (d sc) - dmin m) rounds the same way: every path here
+// the subtraction of dmin * m, which an FMA (q * (d sc) - dmin m) rounds the same way (Q5_K's (d * sc) * q
+// too: at most 11 + 6 + 5 significant bits): every path here
 // computes gguf.quants.dequantize's bits (model/quant_blocks.py's torch fallback too).
 //
 // How (products): as the other types' float path (quant_matmul.cpp), x is used as it is and each super-block
 // is decoded to float32 in registers and multiplied with x by FMA, 64 weights at a time (4 vectors of 16 on
 // AVX-512, 8 of 8 on AVX2), each row of a tile of up to 4 x rows into its own accumulators. Q4_K on AVX-512:
 // per 32-weight sub-block a table of its 16 possible weights (one FMA), and vpermps picks each weight by its
-// nibble, as the Q4_0 and Q4_1 paths do; on AVX2 (vpermps there takes 8 entries) each nibble is converted
+// nibble, as the Q4_0 and Q4_1 paths do (Q5_K: a table of 32 in two vectors, and vpermt2ps picks by the
+// nibble and the fifth bit); on AVX2 (vpermps there takes 8 entries) each nibble is converted
 // and scaled by one FMA. Q6_K: its integers less 32 are put together as bytes, 32 (AVX2) or 64 (AVX-512) at
 // a time, from ql's nibbles and qh's pairs of bits; then each 8 or 16 are sign-extended, converted and scaled
 // by their sub-block's d * scale. Plain C++ decodes a super-block to 256 floats, then multiplies them in 8
@@ -92,8 +96,8 @@ constexpr int64_t kMinParallelWeights = 1 << 15;  // dequantize(): below, one th
 constexpr int64_t kDequantizeChunkRows = 4;
 constexpr int64_t kPrefetchBytes = 2048;   // as quant_matmul.cpp's: the weight bytes read that far ahead
 
-enum class KType : int64_t { Q4_K = 12, Q6_K = 14 };
-constexpr int64_t kQ4KBytes = 144, kQ6KBytes = 210;
+enum class KType : int64_t { Q4_K = 12, Q5_K = 13, Q6_K = 14 };
+constexpr int64_t kQ4KBytes = 144, kQ5KBytes = 176, kQ6KBytes = 210;
 
 INLINE uint16_t half_bits(const uint8_t* p) {
   uint16_t bits;
@@ -166,12 +170,32 @@ void q6k_block_plain(const uint8_t* block, float* w) {
   }
 }
 
+void q5k_block_plain(const uint8_t* block, float* w) {
+  const float d = half_plain(block), dmin = half_plain(block + 2);
+  uint8_t six[16];
+  q4k_six_bits(block + 4, six);
+  const uint8_t *qh = block + 16, *qs = block + 48;
+  for (int j = 0; j < kGroups; ++j) {
+    const float scale_lo = d * six[2 * j], min_lo = dmin * six[8 + 2 * j];
+    const float scale_hi = d * six[2 * j + 1], min_hi = dmin * six[9 + 2 * j];
+    for (int i = 0; i < 32; ++i) {
+      const int lo = (qs[32 * j + i] & 15) | (((qh[i] >> (2 * j)) & 1) << 4);
+      const int hi = (qs[32 * j + i] >> 4) | (((qh[i] >> (2 * j + 1)) & 1) << 4);
+      w[64 * j + i] = scale_lo * static_cast<float>(lo) - min_lo;
+      w[64 * j + 32 + i] = scale_hi * static_cast<float>(hi) - min_hi;
+    }
+  }
+}
+
 template <KType Q> INLINE void block_plain(const uint8_t* block, float* w) {
   if constexpr (Q == KType::Q4_K) q4k_block_plain(block, w);
+  else if constexpr (Q == KType::Q5_K) q5k_block_plain(block, w);
   else q6k_block_plain(block, w);
 }
 
-template <KType Q> constexpr int64_t bytes_of() { return Q == KType::Q4_K ? kQ4KBytes : kQ6KBytes; }
+template <KType Q> constexpr int64_t bytes_of() {
+  return Q == KType::Q4_K ? kQ4KBytes : Q == KType::Q5_K ? kQ5KBytes : kQ6KBytes;
+}
 
 // x's rows, float32 [m, k]; blocks: super-blocks per row
 struct Rows {
@@ -242,6 +266,32 @@ struct Q4KAvx2 {
       const __m256i bytes8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8 * i)));
       w[i] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_and_si256(bytes8, _mm256_set1_epi32(15))), d_lo, m_lo);
       w[4 + i] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(bytes8, 4)), d_hi, m_hi);
+    }
+  }
+};
+
+// Q4_K's scales; each nibble gets its fifth bit from qh (bit 2 j or 2 j + 1 of qh[i]) before the FMA
+struct Q5KAvx2 {
+  static constexpr int64_t bytes = kQ5KBytes;
+
+  TARGET_AVX2 static INLINE void scales(const uint8_t* block, float* scale) { Q4KAvx2::scales(block, scale); }
+
+  TARGET_AVX2 INLINE void group(const uint8_t* block, int j, const float* scale, __m256 (&w)[8]) {
+    const uint8_t *qs = block + 48 + 32 * j, *qh = block + 16;
+    const __m256 d_lo = _mm256_set1_ps(scale[2 * j]), m_lo = _mm256_set1_ps(scale[8 + 2 * j]);
+    const __m256 d_hi = _mm256_set1_ps(scale[2 * j + 1]), m_hi = _mm256_set1_ps(scale[9 + 2 * j]);
+    const __m128i shift = _mm_cvtsi32_si128(2 * j);
+    const __m256i low4 = _mm256_set1_epi32(15), bit4 = _mm256_set1_epi32(16);
+    for (int i = 0; i < 4; ++i) {
+      const __m256i bytes8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8 * i)));
+      const __m256i high8 = _mm256_srl_epi32(
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qh + 8 * i))), shift);
+      const __m256i lo = _mm256_or_si256(_mm256_and_si256(bytes8, low4),
+                                         _mm256_and_si256(_mm256_slli_epi32(high8, 4), bit4));
+      const __m256i hi = _mm256_or_si256(_mm256_srli_epi32(bytes8, 4),
+                                         _mm256_and_si256(_mm256_slli_epi32(high8, 3), bit4));
+      w[i] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(lo), d_lo, m_lo);
+      w[4 + i] = _mm256_fmsub_ps(_mm256_cvtepi32_ps(hi), d_hi, m_hi);
     }
   }
 };
@@ -366,6 +416,37 @@ struct Q4KAvx512 {
   }
 };
 
+// Q4_K's scales; per sub-block its 32 possible weights in two vectors (v * (d sc) - dmin m, one FMA each), and
+// vpermt2ps picks each weight by its 5 bits: the nibble, and bit 4 (the table) from qh
+struct Q5KAvx512 {
+  static constexpr int64_t bytes = kQ5KBytes;
+
+  TARGET_AVX512 static INLINE void scales(const uint8_t* block, float* scale) { Q4KAvx512::scales(block, scale); }
+
+  TARGET_AVX512 INLINE void group(const uint8_t* block, int j, const float* scale, __m512 (&w)[4]) {
+    const __m512 values = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 upper = _mm512_add_ps(values, _mm512_set1_ps(16));
+    const __m512 d_lo = _mm512_set1_ps(scale[2 * j]), m_lo = _mm512_set1_ps(scale[8 + 2 * j]);
+    const __m512 d_hi = _mm512_set1_ps(scale[2 * j + 1]), m_hi = _mm512_set1_ps(scale[9 + 2 * j]);
+    const __m512 lo0 = _mm512_fmsub_ps(values, d_lo, m_lo), lo1 = _mm512_fmsub_ps(upper, d_lo, m_lo);
+    const __m512 hi0 = _mm512_fmsub_ps(values, d_hi, m_hi), hi1 = _mm512_fmsub_ps(upper, d_hi, m_hi);
+    const uint8_t *qs = block + 48 + 32 * j, *qh = block + 16;
+    const __m128i shift = _mm_cvtsi32_si128(2 * j);
+    const __m512i low4 = _mm512_set1_epi32(15), bit4 = _mm512_set1_epi32(16);
+    for (int half = 0; half < 2; ++half) {
+      const __m512i bytes16 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16 * half)));
+      const __m512i high16 = _mm512_srl_epi32(
+          _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qh + 16 * half))), shift);
+      const __m512i lo = _mm512_or_si512(_mm512_and_si512(bytes16, low4),
+                                         _mm512_and_si512(_mm512_slli_epi32(high16, 4), bit4));
+      const __m512i hi = _mm512_or_si512(_mm512_srli_epi32(bytes16, 4),
+                                         _mm512_and_si512(_mm512_slli_epi32(high16, 3), bit4));
+      w[half] = _mm512_permutex2var_ps(lo0, lo, lo1);
+      w[2 + half] = _mm512_permutex2var_ps(hi0, hi, hi1);
+    }
+  }
+};
+
 struct Q6KAvx512 {
   static constexpr int64_t bytes = kQ6KBytes;
   __m512i q[2];  // one half's integers q - 32, in weight order (kept in registers: stored and read back,
@@ -480,16 +561,18 @@ namespace flotilla::kquants {
 int64_t block_bytes(int64_t qtype) {
   switch (static_cast<KType>(qtype)) {
     case KType::Q4_K: return kQ4KBytes;
+    case KType::Q5_K: return kQ5KBytes;
     case KType::Q6_K: return kQ6KBytes;
   }
   return 0;
 }
 
-// x [m, k] float32 @ dequantize(w [n, k / 256 * bytes]).T into y [m, n]; qtype Q4_K or Q6_K, k % 256 == 0
+// x [m, k] float32 @ dequantize(w [n, k / 256 * bytes]).T into y [m, n]; qtype Q4_K, Q5_K or Q6_K, k % 256 == 0
 void matmul(int64_t qtype, const float* x, int64_t m, int64_t k, const uint8_t* w, int64_t n, float* y, Path path) {
-  const bool q4k = static_cast<KType>(qtype) == KType::Q4_K;
-  const Tiles tiles = q4k ? tiles_for<KType::Q4_K, Q4KAvx2, Q4KAvx512>(path)
-                          : tiles_for<KType::Q6_K, Q6KAvx2, Q6KAvx512>(path);
+  const KType type = static_cast<KType>(qtype);
+  const Tiles tiles = type == KType::Q4_K   ? tiles_for<KType::Q4_K, Q4KAvx2, Q4KAvx512>(path)
+                      : type == KType::Q5_K ? tiles_for<KType::Q5_K, Q5KAvx2, Q5KAvx512>(path)
+                                            : tiles_for<KType::Q6_K, Q6KAvx2, Q6KAvx512>(path);
   const Rows a{x, k, k / kSuperWeights};
   const int64_t row_bytes = a.blocks * block_bytes(qtype);
   const int64_t chunks = (n + kChunkRows - 1) / kChunkRows;
@@ -505,9 +588,10 @@ void matmul(int64_t qtype, const float* x, int64_t m, int64_t k, const uint8_t* 
 
 // rows of w [rows, k / 256 * bytes] into out [rows, k] float32, gguf.quants.dequantize's bits
 void dequantize(int64_t qtype, const uint8_t* w, int64_t rows, int64_t k, float* out, Path path) {
-  const bool q4k = static_cast<KType>(qtype) == KType::Q4_K;
-  const DequantizeRows run_rows = q4k ? dequantize_for<KType::Q4_K, Q4KAvx2, Q4KAvx512>(path)
-                                      : dequantize_for<KType::Q6_K, Q6KAvx2, Q6KAvx512>(path);
+  const KType type = static_cast<KType>(qtype);
+  const DequantizeRows run_rows = type == KType::Q4_K   ? dequantize_for<KType::Q4_K, Q4KAvx2, Q4KAvx512>(path)
+                                  : type == KType::Q5_K ? dequantize_for<KType::Q5_K, Q5KAvx2, Q5KAvx512>(path)
+                                                        : dequantize_for<KType::Q6_K, Q6KAvx2, Q6KAvx512>(path);
   const int64_t blocks = k / kSuperWeights, row_bytes = blocks * block_bytes(qtype);
   const int64_t chunks = (rows + kDequantizeChunkRows - 1) / kDequantizeChunkRows;
   #pragma omp parallel for schedule(static) if (rows * k >= kMinParallelWeights)

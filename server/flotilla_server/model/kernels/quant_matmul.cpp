@@ -1,6 +1,6 @@
 // torch.ops.flotilla.quant_matmul(x [m, k] float32, blocks [n, k/32 * block_bytes] uint8, qtype) -> [m, n]:
 // x @ dequantize(blocks).T for a weight kept in llama.cpp's GGUF blocks, qtype its GGML type id (Q4_0 = 2,
-// Q4_1 = 3, Q8_0 = 8; and the k-quants Q4_K = 12, Q6_K = 14, whose blocks hold 256 weights, so k/256 of them
+// Q4_1 = 3, Q8_0 = 8; and the k-quants Q4_K = 12, Q5_K = 13, Q6_K = 14, whose blocks hold 256 weights, so k/256 of them
 // a row, k a multiple of 256: their kernels are kquant_matmul.cpp's, which this file's ops call), without a
 // float copy of the weight (model/quant_blocks.py calls it; scripts/build_kernels.py builds it).
 // torch.ops.flotilla.kernel_isa(wanted) -> str: the instruction set the products run on, one of scalar, avx2,
@@ -89,7 +89,7 @@
 #define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define INLINE inline __attribute__((always_inline))
 
-// the k-quants, Q4_K and Q6_K (kquant_matmul.cpp): super-blocks of 256 weights, float activations only
+// the k-quants, Q4_K, Q5_K and Q6_K (kquant_matmul.cpp): super-blocks of 256 weights, float activations only
 namespace flotilla::kquants {
 enum class Path : int { plain = 0, avx2 = 1, avx512 = 2 };
 int64_t block_bytes(int64_t qtype);  // 0 for a type that is not a k-quant
@@ -1081,7 +1081,7 @@ BlockShape block_shape(const char* op, int64_t qtype) {
   }
   const int64_t kquant_bytes = kquants::block_bytes(qtype);
   TORCH_CHECK(kquant_bytes > 0, op, ": qtype ", qtype, " is none of Q4_0 (2), Q4_1 (3), Q8_0 (8), Q4_K (12), "
-              "Q6_K (14)");
+              "Q5_K (13), Q6_K (14)");
   return {kSuperWeights, kquant_bytes};
 }
 
