@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from flotilla_gateway.access_log import log_request
 from flotilla_gateway.activator import Activator, refusal
@@ -45,6 +46,7 @@ from flotilla_gateway.proxy import HOP_BY_HOP, Outcome, Proxy
 from flotilla_gateway.rate_limit_gate import NO_CHARGE, RateLimits
 from flotilla_gateway.route_map import ModelRoute
 from flotilla_gateway.routing import default_policy, routing_key
+from flotilla_gateway.upstream import UpstreamClient
 from flotilla_gateway.waker import Waker
 from flotilla_gateway.watcher import RouteWatcher
 
@@ -113,7 +115,8 @@ class Gateway:
             self.waker.kube = self.kube
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
         self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
-        self.proxy = Proxy(self.session, self.board, self.metrics, self.activator.pump,
+        client = UpstreamClient(self.settings.connect_timeout_s)
+        self.proxy = Proxy(client, self.board, self.metrics, self.activator.pump,
                            self.settings.connect_timeout_s, self.settings.retry, Ejector(self.settings.ejection),
                            live_pods=lambda route: self.routes.get(route.name, route).pods)
         self.watcher = RouteWatcher(self.kube, self.settings.namespaces, self._on_routes)
@@ -129,6 +132,7 @@ class Gateway:
             await self.watcher.stop()
             await self.board.stop()
             await self.waker.stop()
+            client.close()
             await self.session.close()
             await self.kube.close()
 
@@ -292,13 +296,24 @@ class Gateway:
     async def metrics_endpoint(self, _: Request) -> Response:
         return Response(generate_latest(self.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    def app(self) -> Starlette:
+    def app(self) -> ASGIApp:
+        """The generation routes go straight to `generate` (Starlette's routing and middleware wrap every chunk's
+        send in three more calls); everything else, other methods on those paths too, through Starlette."""
         routes = [Route(path, self.generate, methods=["POST"]) for path in ENDPOINTS]
         routes += [Route("/v1/models", self.models, methods=["GET"]),
                    Route("/healthz", self.healthz, methods=["GET"]),
                    Route("/readyz", self.readyz, methods=["GET"]),
                    Route("/metrics", self.metrics_endpoint, methods=["GET"])]
-        return Starlette(routes=routes, lifespan=self.lifespan, exception_handlers={HTTPException: _http_error})
+        rest = Starlette(routes=routes, lifespan=self.lifespan, exception_handlers={HTTPException: _http_error})
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in ENDPOINTS:
+                response = await self.generate(Request(scope, receive, send))
+                await response(scope, receive, send)
+            else:
+                await rest(scope, receive, send)
+
+        return app
 
 
 def sequences(body: dict[str, Any]) -> int:

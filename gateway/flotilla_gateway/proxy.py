@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import aiohttp
 from flotilla_contract.load import PREFIX_KEY_HEADER
 from starlette.types import Receive, Scope, Send
 
@@ -46,6 +45,7 @@ from flotilla_gateway.metrics import GatewayMetrics
 from flotilla_gateway.residency import place
 from flotilla_gateway.route_map import ModelRoute
 from flotilla_gateway.routing import PodView, Policy, choose, prefix_key_name, retry_has_room
+from flotilla_gateway.upstream import Answer, UpstreamClient
 
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                         "transfer-encoding", "upgrade", "host", "content-length"})
@@ -67,15 +67,14 @@ class Outcome:
 
 
 class Proxy:
-    def __init__(self, session: aiohttp.ClientSession, board: LoadBoard, metrics: GatewayMetrics,
+    def __init__(self, client: UpstreamClient | None, board: LoadBoard, metrics: GatewayMetrics,
                  on_finish: Callable[[], None], connect_timeout_s: float = 5.0,
                  retry_policy: RetryPolicy | None = None, ejector: Ejector | None = None,
                  live_pods: Callable[[ModelRoute], tuple[str, ...]] | None = None) -> None:
-        self.session = session
+        self.client = client or UpstreamClient(connect_timeout_s)
         self.board = board
         self.metrics = metrics
         self.on_finish = on_finish  # a pod's in-flight count fell: held requests may go
-        self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
         self.retry_policy = retry_policy or RetryPolicy()
         self.ejector = ejector or Ejector()
         self.live_pods = live_pods or (lambda route: route.pods)  # the route's pods now (the watch updates them)
@@ -182,7 +181,7 @@ class Proxy:
                            headers={"Retry-After": "1"})
 
     async def _attempt(self, route: ModelRoute, address: str, path: str, body: bytes, headers: dict[str, str]
-                       ) -> tuple[aiohttp.ClientResponse | None, bytes, str | int]:
+                       ) -> tuple[Answer | None, bytes, str | int]:
         """One attempt on `address`: (its response, its first body bytes, 0) once a first byte came; else the
         failure: a connect error, a connection dropped before the first byte, the pod's status code (its
         response, unread), or the pod gone from the endpoints while the gateway waited (the attempt is then
@@ -202,15 +201,14 @@ class Proxy:
                     await task
 
     async def _send(self, address: str, path: str, body: bytes, headers: dict[str, str]
-                    ) -> tuple[aiohttp.ClientResponse | None, bytes, str | int]:
+                    ) -> tuple[Answer | None, bytes, str | int]:
         upstream = None
         try:
-            upstream = await self.session.post(f"http://{address}{path}", data=body, headers=headers,
-                                               timeout=self.timeout, auto_decompress=False)
+            upstream = await self.client.post(address, path, body, headers)
             if not 200 <= upstream.status < 300:
                 return upstream, b"", upstream.status
-            first = await upstream.content.readany()
-        except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError, OSError):
+            first = await upstream.read()
+        except (TimeoutError, OSError):  # ConnectFailed, Dropped are ConnectionErrors
             if upstream is not None:
                 upstream.close()
                 return None, b"", DROPPED_BEFORE_BODY
@@ -224,7 +222,7 @@ class Proxy:
             return None, b"", DROPPED_BEFORE_BODY
         return upstream, first, 0
 
-    def _relay(self, route: ModelRoute, upstream: aiohttp.ClientResponse, first: bytes, outcome: Outcome,
+    def _relay(self, route: ModelRoute, upstream: Answer, first: bytes, outcome: Outcome,
                started: float, address: str, adapter: str | None, weight: int, on_done: Callable[[], None]) -> Relay:
         outcome.status = upstream.status
         outcome.first_byte_s = time.monotonic() - started
@@ -264,7 +262,7 @@ class Relay:
     the upstream connection at once, even while the pod sends nothing (the server then cancels the request and
     frees its KV). A pod that fails mid-answer ends a streamed answer with an SSE error event."""
 
-    def __init__(self, upstream: aiohttp.ClientResponse, outcome: Outcome, on_close: Callable[[bool], None],
+    def __init__(self, upstream: Answer, outcome: Outcome, on_close: Callable[[bool], None],
                  first: bytes = b"") -> None:
         self.upstream = upstream
         self.outcome = outcome
@@ -273,8 +271,8 @@ class Relay:
         self.status_code = upstream.status
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.upstream.headers.items()
-                   if k.lower() not in HOP_BY_HOP]
+        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in self.upstream.headers
+                   if k not in HOP_BY_HOP]
         relay = asyncio.create_task(self._relay(send, headers))
         watch = asyncio.create_task(self._watch(receive))
         try:
@@ -294,12 +292,13 @@ class Relay:
         await send({"type": "http.response.start", "status": self.upstream.status, "headers": headers})
         if self.first:
             await send({"type": "http.response.body", "body": self.first, "more_body": True})
+        read = self.upstream.read
         try:
-            async for chunk in self.upstream.content.iter_any():
+            while chunk := await read():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError, OSError) as error:
+        except OSError as error:  # upstream.Dropped: the pod's connection ended mid-answer
             self.outcome.stream_error = STREAM_ERROR_CAUSE
-            if self.upstream.headers.get("content-type", "").startswith("text/event-stream"):
+            if self.upstream.header("content-type").startswith("text/event-stream"):
                 await send({"type": "http.response.body", "body": stream_error_event(error), "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 

@@ -23,6 +23,7 @@ MAX_BODY_BYTES = 8 * 1024 * 1024  # a plain answer is parsed whole up to this si
 MAX_LINE_BYTES = 1024 * 1024  # an SSE line longer than this is counted, not parsed
 _DATA = b"data:"
 _DONE = b"[DONE]"
+_USAGE = b'"usage"'
 _USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')  # a chunk with usage; include_usage sends "usage": null on the rest
 
 
@@ -75,6 +76,10 @@ class UsageMeter:
             self._body_bytes += len(chunk)
             if self._body_bytes <= MAX_BODY_BYTES:
                 self._body += chunk
+            return
+        if not self._partial and chunk.endswith(b"\n") and _USAGE not in chunk and _DONE not in chunk:
+            # whole lines without usage or [DONE] (most chunks): each data line is one event, as _line counts it
+            self.events += chunk.count(b"\n" + _DATA) + chunk.startswith(_DATA)
             return
         lines = (self._partial + chunk).split(b"\n")
         self._partial = lines.pop()

@@ -2,7 +2,7 @@
 
 It speaks just enough of flotilla-server's surface for routing: POST /v1/completions and
 /v1/chat/completions (streamed or not; `max_tokens` chunks, each carrying the monotonic time it was sent,
-paced by `chunk_interval_s` when set), GET /flotilla/v1/load (a ServerLoad), GET /readyz, and for tests
+paced by `chunk_interval_s` when set, from the request's arrival), GET /flotilla/v1/load (a ServerLoad), GET /readyz, and for tests
 GET /fake/stats and POST /fake/config (answer given statuses first, hold the first byte, set load figures).
 Run it alone with `python -m flotilla_gateway.bench.fake_upstream --port 9000`.
 """
@@ -83,12 +83,15 @@ async def generate(request: web.Request) -> web.StreamResponse:
         if state.drop_before_body > 0:
             state.drop_before_body -= 1
             return _cut(request, response)
+        started_s = time.monotonic()
         for i in range(count):
             if state.cut_after_chunks is not None and i == state.cut_after_chunks:
                 return _cut(request, response)
             await response.write(_chunk(state.name, i, chat))
-            if state.chunk_interval_s:
-                await asyncio.sleep(state.chunk_interval_s)
+            if state.chunk_interval_s:  # on the answer's own schedule: a late chunk does not delay the next
+                await asyncio.sleep(max(0.0, started_s + (i + 1) * state.chunk_interval_s - time.monotonic()))
+            else:  # one chunk per stream per turn of the loop, as an engine step sends them
+                await asyncio.sleep(0)
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         state.completed += 1

@@ -45,8 +45,8 @@ from flotilla_contract.load import LOAD_PATH, ServerLoad
 from flotilla_contract.metrics import PREFIX_CACHE_HITS, PREFIX_CACHE_QUERIES
 from prometheus_client.parser import text_string_to_metric_families
 
-from flotilla_gateway.bench.overhead import _free_port, _percentile, _process, _wait_http
 from flotilla_gateway.bench.prefix_routing_plot import plot
+from flotilla_gateway.bench.processes import free_port, percentile, process, wait_http
 from flotilla_gateway.bench.stub_api import StubModel, serve_stub
 from flotilla_gateway.bench.tenant_placement import placements
 
@@ -177,8 +177,8 @@ async def run_arm(arm: str, requests: list[Request], servers: list[str], gateway
         "arm": arm, "elapsed_s": round(elapsed_s, 2), "statuses": statuses,
         "prefix_hit_rate": round(hits / queries, 4) if queries else None,
         "prompt_tokens_per_request": round(queries / len(requests), 1),
-        "ttft_p50_ms": round(_percentile(ttfts, 0.5) * 1e3, 1), "ttft_p95_ms": round(_percentile(ttfts, 0.95) * 1e3, 1),
-        "e2e_p50_ms": round(_percentile([r["e2e_s"] for r in results], 0.5) * 1e3, 1),
+        "ttft_p50_ms": round(percentile(ttfts, 0.5) * 1e3, 1), "ttft_p95_ms": round(percentile(ttfts, 0.95) * 1e3, 1),
+        "e2e_p50_ms": round(percentile([r["e2e_s"] for r in results], 0.5) * 1e3, 1),
         "requests_per_pod": per_pod_requests,
         "in_flight_mean_per_pod": [round(m, 2) for m in pod_means],
         "in_flight_max_over_mean": round(max(pod_means) / statistics.fmean(pod_means), 3) if any(pod_means) else None,
@@ -190,14 +190,14 @@ async def run_arm(arm: str, requests: list[Request], servers: list[str], gateway
 
 @contextlib.contextmanager
 def _servers(args: argparse.Namespace, work: Path) -> Iterator[list[tuple[str, int]]]:
-    ports = [_free_port() for _ in range(args.replicas)]
+    ports = [free_port() for _ in range(args.replicas)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     command = [server_executable(), "--model", MODEL, "--host", "127.0.0.1", "--max-num-seqs", str(args.slots),
                "--num-kv-blocks", str(args.num_kv_blocks), "--max-model-len", str(args.max_model_len),
                "--prefix-caching", "on", "--log-level", "warning"]
     with contextlib.ExitStack() as stack:
         for i, port in enumerate(ports):
-            stack.enter_context(_process([*command, "--port", str(port)], work / f"server-{i}.log", env))
+            stack.enter_context(process([*command, "--port", str(port)], work / f"server-{i}.log", env))
         yield [("127.0.0.1", port) for port in ports]
 
 
@@ -208,7 +208,7 @@ def _median(runs: list[dict[str, Any]], key: str) -> float | None:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="flotilla-prefix-bench-"))
-    gateway_port = _free_port()
+    gateway_port = free_port()
     runs: list[dict[str, Any]] = []
     try:
         with _servers(args, work) as pods:
@@ -218,10 +218,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                            "--host", "127.0.0.1", "--port", str(gateway_port), "--log-level", "info"]  # the access log: each request's replica
             gateway = f"http://127.0.0.1:{gateway_port}"
             try:
-                with _process(gateway_cmd, work / "gateway.log"):
+                with process(gateway_cmd, work / "gateway.log"):
                     for url in servers:
-                        await _wait_http(url + "/readyz", args.start_timeout_s)
-                    await _wait_http(gateway + "/readyz", args.start_timeout_s)
+                        await wait_http(url + "/readyz", args.start_timeout_s)
+                    await wait_http(gateway + "/readyz", args.start_timeout_s)
                     await asyncio.sleep(1.0)  # the gateway's first load reports
                     warm = workload(argparse.Namespace(**{**vars(args), "requests": 2 * len(servers)}), -1)
                     await run_arm("round-robin", warm, servers, gateway, args)  # first-request costs, off the record
