@@ -13,7 +13,9 @@ import argparse
 import asyncio
 import os
 import sys
+from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from flotilla_contract.flags import DEFAULT_MAX_BODY_BYTES
@@ -33,41 +35,23 @@ DEFAULT_DRAIN_DELAY_S = 5.0
 USAGE_EXIT = 2  # what argparse exits with: the command line, or a file it names, needs a change
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds above 0")
-    return value
+def _bounded(convert: Callable[[str], float], minimum: float, strict: bool, what: str) -> Callable[[str], Any]:
+    """An argparse type: `convert(text)`, above `minimum` (`strict`) or at least it, else a one-line error."""
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not (value > minimum if strict else value >= minimum):  # NaN fails both
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        return value
+    return parse
 
 
-def _non_negative_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
-    return value
-
-
-def _at_least_one(text: str) -> int:
-    value = _count(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
-    return value
+_seconds = _bounded(float, 0, True, "a number of seconds above 0")
+_non_negative_seconds = _bounded(float, 0, False, "a number of seconds >= 0")
+_count = _bounded(int, 0, False, "a whole number >= 0")
+_at_least_one = _bounded(int, 1, False, "a whole number >= 1")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -76,6 +76,19 @@ async def list_claimants(kube: KubeClient, namespace: str) -> list[dict[str, Any
         return await kube.list(types.API_VERSION, types.PLURAL, namespace, "")
 
 
+async def read_model(kube: KubeClient, namespace: str, name: str
+                     ) -> tuple[dict[str, Any], types.InferenceModelSpec] | None:
+    """The stored InferenceModel and its typed spec, for a timer's tick; None when it is gone, being deleted, or
+    its spec cannot be read (its reconcile reports that as Degraded InvalidSpec)."""
+    obj = await kube.get(types.API_VERSION, types.PLURAL, namespace, name)
+    if obj is None or obj["metadata"].get("deletionTimestamp"):
+        return None
+    try:
+        return obj, types.parse_spec(obj.get("spec") or {})
+    except pydantic.ValidationError:
+        return None
+
+
 async def find_problems(kube: KubeClient, namespace: str, spec: types.InferenceModelSpec) -> list[Problem]:
     """Reasons a schema-valid spec of a dedicated model cannot be honoured in this cluster right now."""
     problems = []

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-import pydantic
 from flotilla_contract.labels import WOKEN_AT_ANNOTATION
 from flotilla_contract.load import MODEL_LOAD_PATH
 
@@ -31,7 +30,7 @@ from flotilla_operator.pool_members import member_source
 from flotilla_operator.pool_reconciler import sync_pools
 from flotilla_operator.pool_residency import load_url, read_loads
 from flotilla_operator.prometheus import PrometheusClient, PrometheusError
-from flotilla_operator.reconciler import Context, list_claimants, reconcile
+from flotilla_operator.reconciler import Context, list_claimants, read_model, reconcile
 from flotilla_operator.slo_prometheus import measure_latency
 from flotilla_operator.status import Problem
 from flotilla_operator.status_writer import write_status
@@ -174,15 +173,10 @@ def decision_text(decision: TierDecision, tier: str) -> str:
 async def tier_once(ctx: Context, prometheus: PrometheusClient, namespace: str, name: str,
                     logger: logging.Logger | logging.LoggerAdapter, now_s: float | None = None) -> None:
     """One tick for one adaptive model: a move's next step, or a decision (which may start a move)."""
-    obj = await ctx.kube.get(types.API_VERSION, types.PLURAL, namespace, name)
-    if obj is None or obj["metadata"].get("deletionTimestamp"):
+    found = await read_model(ctx.kube, namespace, name)
+    if found is None or found[1].placement.policy != ADAPTIVE:
         return
-    try:
-        spec = types.parse_spec(obj.get("spec") or {})
-    except pydantic.ValidationError:
-        return  # the reconciler reports an unreadable spec as Degraded
-    if spec.placement.policy != ADAPTIVE:
-        return
+    obj, spec = found
     state = read_state(obj.get("status"))
     readings = Readings((), 0.0)
     if state.move is None:
@@ -198,10 +192,10 @@ async def tier_once(ctx: Context, prometheus: PrometheusClient, namespace: str, 
 
 async def _step(ctx: Context, namespace: str, name: str, readings: Readings,
                 logger: logging.Logger | logging.LoggerAdapter, now_s: float) -> None:
-    obj = await ctx.kube.get(types.API_VERSION, types.PLURAL, namespace, name)  # fresh, under the lock
-    if obj is None or obj["metadata"].get("deletionTimestamp"):
+    found = await read_model(ctx.kube, namespace, name)  # fresh, under the lock
+    if found is None:
         return
-    spec = types.parse_spec(obj.get("spec") or {})
+    obj, spec = found
     state = read_state(obj.get("status"))
     facts = await pool_facts(ctx, namespace, spec, readings.pool_demand_replicas)
     if state.move is None:

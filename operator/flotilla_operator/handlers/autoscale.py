@@ -15,7 +15,6 @@ import time
 from typing import Any
 
 import kopf
-import pydantic
 
 from flotilla_operator import autoscaler, metrics, rfc3339, slo_scaler, slo_status, types
 from flotilla_operator.autoscaler_status import (
@@ -33,7 +32,7 @@ from flotilla_operator.kube import KubeError
 from flotilla_operator.placement import ADAPTIVE
 from flotilla_operator.pool_members import joins_pool
 from flotilla_operator.prometheus import PoolSample, PrometheusClient, PrometheusError
-from flotilla_operator.reconciler import Context
+from flotilla_operator.reconciler import Context, read_model
 from flotilla_operator.settings import OperatorSettings
 from flotilla_operator.slo_prometheus import LatencyReading, measure_latency
 from flotilla_operator.status_writer import write_status
@@ -94,13 +93,10 @@ async def measure_slo(prometheus: PrometheusClient, namespace: str, spec: types.
 async def autoscale_once(ctx: Context, prometheus: PrometheusClient, namespace: str, name: str,
                          logger: logging.Logger | logging.LoggerAdapter, now_s: float | None = None) -> None:
     """One decision for one model: measure without the model's lock, then decide and write under it."""
-    obj = await ctx.kube.get(types.API_VERSION, types.PLURAL, namespace, name)
-    if obj is None or obj["metadata"].get("deletionTimestamp"):
+    found = await read_model(ctx.kube, namespace, name)
+    if found is None:
         return
-    try:
-        spec = types.parse_spec(obj.get("spec") or {})
-    except pydantic.ValidationError:
-        return  # the reconciler reports an unreadable spec as Degraded
+    obj, spec = found
     if joins_pool(spec, obj.get("status")):  # a pooled model's replicas do not apply: its ModelPool scales
         async with ctx.lock(namespace, name):  # (an adaptive one's move sets them: handlers/tiering.py)
             await _write_status(ctx, namespace, name, None, False, POOLED,
@@ -121,13 +117,10 @@ async def autoscale_once(ctx: Context, prometheus: PrometheusClient, namespace: 
 async def _decide_and_apply(ctx: Context, namespace: str, name: str, sample: PoolSample | None,
                             logger: logging.Logger | logging.LoggerAdapter, now_s: float,
                             reading: LatencyReading | None = None) -> None:
-    obj = await ctx.kube.get(types.API_VERSION, types.PLURAL, namespace, name)  # fresh: history, replicas
-    if obj is None or obj["metadata"].get("deletionTimestamp"):
+    found = await read_model(ctx.kube, namespace, name)  # fresh: history, replicas
+    if found is None:
         return
-    try:
-        spec = types.parse_spec(obj.get("spec") or {})
-    except pydantic.ValidationError:
-        return
+    obj, spec = found
     ref = object_ref(namespace, name, obj["metadata"]["uid"])
     status = obj.get("status") or {}
     current = spec.replicas
