@@ -51,9 +51,9 @@ def test_unknown_pre_tokenizer_is_named_not_guessed(tmp_path):
         load_model(str(path))
 
 
-def test_sentencepiece_tokenizer_is_named(tmp_path):
-    path = write_llama_gguf(tmp_path / "m.gguf", tokenizer_model="llama")
-    with pytest.raises(UnsupportedModelError, match="tokenizer model 'llama' is not supported"):
+def test_unknown_tokenizer_model_is_named(tmp_path):
+    path = write_llama_gguf(tmp_path / "m.gguf", tokenizer_model="t5")
+    with pytest.raises(UnsupportedModelError, match=r"tokenizer model 't5' is not supported: .*\('gpt2'\) and .*\('llama'\)"):
         load_model(str(path))
 
 

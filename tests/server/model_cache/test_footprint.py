@@ -81,7 +81,7 @@ def test_a_gguf_is_sized_from_its_metadata_as_the_loaded_model_holds_it(tmp_path
 @pytest.mark.parametrize(("make", "message"), [
     (lambda d: d / "absent.gguf", "GGUF file .*absent.gguf not found"),
     (lambda d: write_llama_gguf(d / "m.gguf", T.IQ4_XS), "type IQ4_XS, which Flotilla does not dequantize"),
-    (lambda d: write_llama_gguf(d / "m.gguf", tokenizer_model="llama"), "tokenizer model 'llama' is not supported"),
+    (lambda d: write_llama_gguf(d / "m.gguf", tokenizer_model="t5"), "tokenizer model 't5' is not supported"),
     (lambda d: _write(d / "m.gguf", b"GGUF\x03\x00"), "is not a GGUF file Flotilla can read"),
     (lambda d: _write(d / "m.gguf", b"not a gguf"), "is not a GGUF file .no GGUF magic."),
 ], ids=["missing", "tensor-type", "tokenizer", "cut-short", "not-gguf"])
