@@ -86,25 +86,27 @@ def fresh(world):
     return k8s, prom, replica
 
 
-def deployment(k8s, ready: int) -> None:
-    if k8s.get("apps/v1", "deployments", NAME, NS) is None:
-        k8s.create({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": NAME, "namespace": NS},
+def deployment(k8s, ready: int, name: str = NAME) -> None:
+    """The model's Deployment with `ready` ready replicas, as the Deployment controller would report it."""
+    if k8s.get("apps/v1", "deployments", name, NS) is None:
+        k8s.create({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": NS},
                     "spec": {"replicas": ready, "selector": {"matchLabels": {"a": "b"}},
                              "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": []}}}})
-    k8s.patch("apps/v1", "deployments", NAME, NS, {"status": {"readyReplicas": ready, "replicas": ready}},
+    k8s.patch("apps/v1", "deployments", name, NS, {"status": {"readyReplicas": ready, "replicas": ready}},
               subresource="status")
 
 
-async def tick(k8s, prom_url: str, now_s: float) -> dict:
+async def tick(k8s, prom_url: str, now_s: float, name: str = NAME) -> dict:
+    """One autoscaler decision for `name` at `now_s`; the model as it is after it."""
     kube = KubeClient(functools.partial(credentials.login, k8s.kubeconfig))
     prometheus = PrometheusClient(prom_url, timeout_s=2.0)
     try:
         ctx = Context(OperatorSettings(namespaces=(NS,)), kube, monitoring=False)
-        await autoscale_once(ctx, prometheus, NS, NAME, log, now_s=now_s)
+        await autoscale_once(ctx, prometheus, NS, name, log, now_s=now_s)
     finally:
         await kube.close()
         await prometheus.aclose()
-    return k8s.get(types.API_VERSION, types.PLURAL, NAME, NS)
+    return k8s.get(types.API_VERSION, types.PLURAL, name, NS)
 
 
 def sample(name: str, labels: dict[str, str]) -> float:

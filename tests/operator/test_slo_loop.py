@@ -9,7 +9,6 @@ too old to have the histograms. `autoscale_once` runs with a controlled decision
 from __future__ import annotations
 
 import functools
-import logging
 import time
 from collections.abc import Iterator
 
@@ -21,15 +20,13 @@ from flotilla_contract.metrics import (
     LATENCY_BUCKETS_S,
     TIME_TO_FIRST_TOKEN_SECONDS,
 )
-from flotilla_operator import credentials, types
-from flotilla_operator.handlers.autoscale import autoscale_once
-from flotilla_operator.kube import KubeClient
-from flotilla_operator.prometheus import RUNNING, SLOTS, WAITING, PrometheusClient
-from flotilla_operator.reconciler import Context
-from flotilla_operator.settings import OperatorSettings
+from flotilla_operator import types
+from flotilla_operator.prometheus import RUNNING, SLOTS, WAITING
 from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
 
 from tests.operator.test_autoscaler_loop import NS, ROOT, condition
+from tests.operator.test_autoscaler_loop import deployment as loop_deployment
+from tests.operator.test_autoscaler_loop import tick as loop_tick
 from tests.support.k8s_emulator import serve
 from tests.support.ports import free_port
 from tests.support.prometheus import RealPrometheus, Target
@@ -86,24 +83,8 @@ def model(served: str, replicas: int, slo: dict | None) -> dict:
                      **({"slo": slo} if slo else {})}}
 
 
-def deployment(k8s, ready: int) -> None:
-    k8s.create({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": NAME, "namespace": NS},
-                "spec": {"replicas": ready, "selector": {"matchLabels": {"a": "b"}},
-                         "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": []}}}})
-    k8s.patch("apps/v1", "deployments", NAME, NS, {"status": {"readyReplicas": ready, "replicas": ready}},
-              subresource="status")
-
-
-async def tick(k8s, prom_url: str, now_s: float) -> dict:
-    kube = KubeClient(functools.partial(credentials.login, k8s.kubeconfig))
-    prometheus = PrometheusClient(prom_url, timeout_s=2.0)
-    try:
-        ctx = Context(OperatorSettings(namespaces=(NS,)), kube, monitoring=False)
-        await autoscale_once(ctx, prometheus, NS, NAME, logging.getLogger("test"), now_s=now_s)
-    finally:
-        await kube.close()
-        await prometheus.aclose()
-    return k8s.get(types.API_VERSION, types.PLURAL, NAME, NS)
+deployment = functools.partial(loop_deployment, name=NAME)
+tick = functools.partial(loop_tick, name=NAME)
 
 
 @pytest.fixture

@@ -32,20 +32,23 @@ def smollm2_gguf() -> Path:
 
 @dataclass
 class Reference:
-    model: Any  # a transformers LlamaForCausalLM
+    model: Any  # a transformers *ForCausalLM
     parsed: dict[str, Any]  # load_gguf_checkpoint's config, tokenizer and tokenizer_config
 
 
-def load_reference(path: Path, num_layers: int) -> Reference:
+def load_reference(path: Path, num_layers: int, arch: str = "llama") -> Reference:
+    """transformers' model of the file, for any architecture `arch` its GGUF loader maps (llama, qwen2, ...)."""
     import gguf
     import transformers
     from transformers.initialization import no_init_weights
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
+    config_class = transformers.AutoConfig.for_model(arch).__class__
+    model_class = transformers.AutoModelForCausalLM._model_mapping[config_class]
     with torch.device("meta"):
-        names_only = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-            num_hidden_layers=num_layers, hidden_size=64, intermediate_size=64, num_attention_heads=1,
-            num_key_value_heads=1, vocab_size=8))
+        names_only = model_class(config_class(num_hidden_layers=num_layers, hidden_size=64, intermediate_size=64,
+                                              num_attention_heads=1, num_key_value_heads=1, vocab_size=8,
+                                              head_dim=64))
     name_map = gguf.get_tensor_name_map
     gguf.get_tensor_name_map = functools.cache(name_map)
     try:
@@ -55,7 +58,7 @@ def load_reference(path: Path, num_layers: int) -> Reference:
     config = dict(parsed["config"])
     config.pop("model_type", None)
     with no_init_weights():
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
+        model = model_class(config_class(**config))
     missing = model.load_state_dict(parsed.pop("tensors"), strict=False).missing_keys
     assert missing in ([], ["lm_head.weight"]), missing  # a tied head is missing, nothing else
     model.tie_weights()

@@ -9,7 +9,6 @@ cannot), optional biases, Q/K norms and a rope_freqs tensor.
 
 from __future__ import annotations
 
-import functools
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -18,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 from flotilla_server.model import UnsupportedModelError, load_model
 from gguf import GGUFWriter
 
@@ -26,7 +24,7 @@ from tests.support.hf_models import random_prompts
 from tests.support.ports import free_port
 
 from .gguf_files import MERGES, TEMPLATE, T, encode_as, vocabulary
-from .gguf_reference import REPO, is_reference_greedy
+from .gguf_reference import REPO, is_reference_greedy, load_reference
 from .paged import paged_greedy
 
 LAYERS = 2
@@ -109,35 +107,6 @@ def write_decoder_gguf(path: Path, arch: str = "llama", tensor_type: T = T.F32, 
     return path
 
 
-def load_gguf_reference(path: Path, arch: str) -> Any:
-    """transformers' model from the file through its own GGUF loader (config mapping, dequantization, names),
-    as gguf_reference.load_reference does for llama, for any architecture it maps."""
-    import gguf
-    import transformers
-    from transformers.initialization import no_init_weights
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    config_class = transformers.AutoConfig.for_model(arch).__class__
-    model_class = transformers.AutoModelForCausalLM._model_mapping[config_class]
-    with torch.device("meta"):
-        names_only = model_class(config_class(num_hidden_layers=LAYERS, hidden_size=64, intermediate_size=64,
-                                              num_attention_heads=1, num_key_value_heads=1, vocab_size=8, head_dim=64))
-    name_map = gguf.get_tensor_name_map
-    gguf.get_tensor_name_map = functools.cache(name_map)  # a pure function, rebuilt per module otherwise
-    try:
-        parsed = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=names_only)
-    finally:
-        gguf.get_tensor_name_map = name_map
-    config = dict(parsed["config"])
-    config.pop("model_type", None)
-    with no_init_weights():
-        model = model_class(config_class(**config))
-    missing = model.load_state_dict(parsed.pop("tensors"), strict=False).missing_keys
-    assert missing in ([], ["lm_head.weight"]), missing
-    model.tie_weights()
-    return model.to(torch.float32).eval()
-
-
 def assert_greedy_equals(path: Path, reference: Any, quantization: str = "none") -> None:
     """Greedy tokens of a batch (prefill in chunks of 5, sequences joining at steps 0-2) are transformers'."""
     loaded = load_model(str(path), "float32", "cpu", quantization)
@@ -159,7 +128,7 @@ def test_qwen_gguf_equals_transformers_gguf_loader(tmp_path: Path, arch: str) ->
     config = loaded.config
     assert config.model_type == arch and config.qkv_bias == (arch == "qwen2") and config.qk_norm == (arch == "qwen3")
     assert config.head_dim == ARCHS[arch].get("head_dim", 64) and loaded.model.quantization() == "gguf:Q8_0"
-    reference = load_gguf_reference(path, arch)
+    reference = load_reference(path, LAYERS, arch).model
     assert_greedy_equals(path, reference, "gguf")
     assert_greedy_equals(path, reference, "none")
 
