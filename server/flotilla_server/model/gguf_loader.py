@@ -1,9 +1,10 @@
-"""load_gguf: a llama.cpp `.gguf` file (architecture llama, qwen2 or qwen3) to a ready DecoderModel.
+"""load_gguf: a llama.cpp `.gguf` file (architecture llama, qwen2, qwen3 or gemma3) to a ready DecoderModel.
 
 GGUF is how llama.cpp and Ollama users hold their models: one file with the weights (often
 quantized), the config as `{architecture}.*` metadata and the tokenizer as `tokenizer.ggml.*` metadata.
-The three architectures are one decoder here (model/llama.py): Qwen2 adds Q/K/V biases, Qwen3 Q/K norms,
-and only llama.cpp's `llama` conversion permutes the Q and K rows (its other converters keep Hugging Face's).
+The architectures are one decoder here (model/llama.py): Qwen2 adds Q/K/V biases, Qwen3 Q/K norms, Gemma 3
+its four norms a layer (whose weights llama.cpp's converter stored as 1 + weight), and only llama.cpp's
+`llama` conversion permutes the Q and K rows (its other converters keep Hugging Face's).
 
 With `quantization="gguf"` (the default for a GGUF on CPU) every projection and the token embedding whose
 type has a kernel (gguf_meta.BLOCK_KERNEL_TYPES) keep the file's blocks (quant_linear.py); the rest (the
@@ -62,9 +63,13 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
-    "attn_q_norm": "self_attn.q_norm",  # Qwen3
+    "attn_q_norm": "self_attn.q_norm",  # Qwen3, Gemma 3
     "attn_k_norm": "self_attn.k_norm",
 }
+# Gemma 3's norms around both sublayers (llama.cpp's names: `ffn_norm` is the MLP's input norm, as in Llama,
+# which Gemma's transformers code calls pre_feedforward_layernorm)
+_GEMMA3_LAYER_NAMES = {**_LAYER_NAMES, "post_attention_norm": "post_attention_layernorm",
+                       "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 # tensors the config already holds (gguf_meta.rope_scaling), not weights
 _CONFIG_TENSORS = frozenset({ROPE_FREQS})
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
@@ -146,6 +151,8 @@ def _hf_tensors(gg: GGUFModel, config: ModelConfig, skip: set[str] = frozenset()
         heads = _heads_of(t.name, config)
         if heads is not None:
             weights = _unpermute(weights, heads)
+        if config.norm_weight_offset and t.name.endswith("norm.weight"):
+            weights = weights - np.float32(config.norm_weight_offset)  # the file holds offset + weight
         yield name, torch.from_numpy(np.array(weights, dtype=np.float32))  # a copy: the file is mapped read-only
 
 
@@ -153,11 +160,12 @@ def _hf_name(name: str, architecture: str) -> str:
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
     m = _LAYER_TENSOR.fullmatch(name)
-    if m is None or m.group(2) not in _LAYER_NAMES:
+    names = _GEMMA3_LAYER_NAMES if architecture == "gemma3" else _LAYER_NAMES
+    if m is None or m.group(2) not in names:
         raise UnsupportedModelError(f"GGUF tensor {name!r} is not part of a {architecture} model as Flotilla runs it: "
                                     "the file does not match its architecture")
     layer, part, kind = m.groups()
-    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+    return f"model.layers.{layer}.{names[part]}.{kind}"
 
 
 def _unpermute(weights: np.ndarray, num_heads: int) -> np.ndarray:

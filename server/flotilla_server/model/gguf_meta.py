@@ -31,7 +31,13 @@ SUPPORTED_TYPES = frozenset({T.F32, T.F16, T.BF16}) | BLOCK_KERNEL_TYPES
 # projection keeps blocks only when every part's type has a kernel
 PROJECTION_PARTS = {"self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"), "mlp.gate_up_proj": ("ffn_gate", "ffn_up"),
                     "self_attn.o_proj": ("attn_output",), "mlp.down_proj": ("ffn_down",)}
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+# llama.cpp's Gemma 3 (llama-model.cpp): every 6th layer global, the others a sliding window of
+# `attention.sliding_window` keys rotated by an unscaled base of 10,000; scores scaled by head_dim ** -0.5,
+# but by (hidden / heads) ** -0.5 in the 27B model, its only one of 62 layers
+GEMMA3_GLOBAL_EVERY = 6
+GEMMA3_LOCAL_ROPE_THETA = 10000.0
+GEMMA3_27B_LAYERS = 62
 # llama.cpp's `rope.scaling.type` values the runtime runs: none, and linear (positions divided by a factor);
 # Llama 3's scaling has no type there, only a `rope_freqs` tensor (each frequency's divisor)
 SUPPORTED_ROPE_SCALING = ("none", "linear")
@@ -77,12 +83,14 @@ def gguf_config(gg: GGUFModel) -> ModelConfig:
     eos = gg.field("tokenizer.ggml.eos_token_id")
     bos = gg.field("tokenizer.ggml.bos_token_id")
     names = {t.name for t in gg.tensors}
+    num_layers = int(gg.arch_field("block_count"))
+    gemma = _gemma3_fields(gg, hidden, num_heads, head_dim, num_layers) if gg.architecture == "gemma3" else {}
     return ModelConfig(
         model_type=gg.architecture,
         vocab_size=int(gg.arch_field("vocab_size", len(tokens))),
         hidden_size=hidden,
         intermediate_size=int(gg.arch_field("feed_forward_length")),
-        num_layers=int(gg.arch_field("block_count")),
+        num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=int(gg.arch_field("attention.head_count_kv", num_heads)),
         head_dim=head_dim,
@@ -96,7 +104,28 @@ def gguf_config(gg: GGUFModel) -> ModelConfig:
         tie_word_embeddings="output.weight" not in names,
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=() if eos is None else (int(eos),),
+        **gemma,
     )
+
+
+def _gemma3_fields(gg: GGUFModel, hidden: int, num_heads: int, head_dim: int, num_layers: int) -> dict:
+    """The ModelConfig fields of a Gemma 3 file, as llama.cpp runs it (its layer pattern, local RoPE base and
+    score scale are code there, not metadata); the file's norm weights hold 1 + weight (gguf_loader
+    subtracts the 1, as transformers' GGUF reader does, and the runtime adds it back)."""
+    window = int(gg.arch_field("attention.sliding_window", 0))
+    if window < 1:
+        raise UnsupportedModelError(f"{gg.path.name}: gemma3.attention.sliding_window is missing or < 1: the "
+                                    "file is damaged or was written by an older converter")
+    scale_dim = hidden / num_heads if num_layers == GEMMA3_27B_LAYERS else head_dim
+    return {
+        "hidden_act": "gelu_pytorch_tanh",
+        "norm_weight_offset": 1.0,
+        "sandwich_norms": True,
+        "embedding_scale": hidden ** 0.5,
+        "attention_scale": float(scale_dim) ** -0.5,
+        "layer_windows": tuple(0 if (i + 1) % GEMMA3_GLOBAL_EVERY == 0 else window for i in range(num_layers)),
+        "local_rope_theta": GEMMA3_LOCAL_ROPE_THETA,
+    }
 
 
 def rope_scaling(gg: GGUFModel, head_dim: int) -> RopeScaling | None:

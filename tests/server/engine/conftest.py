@@ -24,6 +24,7 @@ ARCH_CASES = {
     "mistral": ("mistral", {"num_key_value_heads": 1}),
     "qwen2": ("qwen2", {"tie_word_embeddings": True}),
     "qwen3": ("qwen3", {"tie_word_embeddings": True}),
+    "gemma3": ("gemma3_text", {"tie_word_embeddings": True}),
 }
 
 

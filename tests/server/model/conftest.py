@@ -23,6 +23,7 @@ VARIANTS = {
     "mistral-gqa": ("mistral", {"num_key_value_heads": 1}),
     "qwen2-bias-tied": ("qwen2", {"tie_word_embeddings": True}),
     "qwen3-qknorm-sharded": ("qwen3", {"max_shard_size": "100KB"}),
+    "gemma3-sliding-tied": ("gemma3_text", {"tie_word_embeddings": True}),
 }
 
 

@@ -78,7 +78,35 @@ def test_active_sliding_window_caps_the_context(extra, limit):
     ({"model_type": "llama", "hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
     ({"model_type": "llama", "num_key_value_heads": 3}, "multiple of num_key_value_heads"),
+    ({"model_type": "gemma3", "text_config": {}}, "holds a SigLIP vision tower .vision_config. and a multi_modal_projector"),
+    ({"model_type": "gemma3_text", "attn_logit_softcapping": 50.0}, "attn_logit_softcapping 50.0 is not supported"),
+    ({"model_type": "gemma3_text", "hidden_activation": "relu", "sliding_window": 4}, "hidden activation 'relu' is not supported"),
+    ({"model_type": "gemma3_text", "layer_types": ["chunked_attention"] * 2}, "must name full_attention or sliding"),
+    ({"model_type": "gemma3_text", "sliding_window": None}, "sliding_window must be >= 1"),
 ])
 def test_unsupported_configs_say_what_to_change(extra, message):
     with pytest.raises(UnsupportedModelError, match=message):
         cfg(**extra)
+
+
+GEMMA3 = {**BASE, "model_type": "gemma3_text", "num_hidden_layers": 7, "head_dim": 32, "sliding_window": 512,
+          "query_pre_attn_scalar": 256}
+
+
+def test_gemma3_in_transformers_v4_style():
+    """The hub's Gemma 3 config.json: top-level RoPE bases, rope_scaling for the global layers only, and (without
+    layer_types) every sixth layer global."""
+    c = ModelConfig.from_hf({**GEMMA3, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
+                             "rope_scaling": {"rope_type": "linear", "factor": 8.0}})
+    assert c.layer_windows == (512,) * 5 + (0, 512) and c.window(5) == 0 and c.window(6) == 512
+    assert (c.rope_theta, c.local_rope_theta, c.rope_scaling) == (1e6, 1e4, RopeScaling("linear", 8.0))
+    assert c.attention_scale == 256 ** -0.5 and c.embedding_scale == 64 ** 0.5 and c.norm_weight_offset == 1.0
+    assert c.sandwich_norms and c.qk_norm and c.tie_word_embeddings and c.max_position_embeddings == 512
+
+
+def test_gemma3_in_transformers_v5_style():
+    c = ModelConfig.from_hf({**GEMMA3, "layer_types": ["full_attention"] + ["sliding_attention"] * 6,
+                             "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5e5},
+                                                 "sliding_attention": {"rope_type": "default", "rope_theta": 2e4}}})
+    assert c.layer_windows == (0,) + (512,) * 6
+    assert (c.rope_theta, c.local_rope_theta, c.rope_scaling) == (5e5, 2e4, None)
