@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from flotilla_server.model.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS, build_byte_bpe
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3")
 VOCAB_SIZE = 384
 BOS_ID, EOS_ID = 380, 381  # "<s>", "</s>" in the tokenizer below
 
@@ -51,6 +51,7 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "mistral": {"sliding_window": None},
     "qwen2": {},  # q/k/v biases are built in
     "qwen3": {"head_dim": 32},  # explicit head_dim != hidden / heads
+    "phi3": {},  # Q/K/V and gate/up fused in the checkpoint (qkv_proj, gate_up_proj), no biases
 }
 
 
@@ -62,6 +63,7 @@ def _config_class(arch: str) -> type:
         "mistral": transformers.MistralConfig,
         "qwen2": transformers.Qwen2Config,
         "qwen3": transformers.Qwen3Config,
+        "phi3": transformers.Phi3Config,
     }
     if arch not in classes:
         raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
