@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from flotilla_server.model.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS, build_byte_bpe
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3")
 VOCAB_SIZE = 384
 BOS_ID, EOS_ID = 380, 381  # "<s>", "</s>" in the tokenizer below
 
@@ -54,6 +54,7 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     # sliding layers around a global one, a window the tests' prompts outrun, a score scale != head_dim ** -0.5
     "gemma3_text": {"head_dim": 32, "num_hidden_layers": 3, "sliding_window": 16, "query_pre_attn_scalar": 24,
                     "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]},
+    "phi3": {},  # Q/K/V and gate/up fused in the checkpoint (qkv_proj, gate_up_proj), no biases
 }
 
 
@@ -66,6 +67,7 @@ def _config_class(arch: str) -> type:
         "qwen2": transformers.Qwen2Config,
         "qwen3": transformers.Qwen3Config,
         "gemma3_text": transformers.Gemma3TextConfig,
+        "phi3": transformers.Phi3Config,
     }
     if arch not in classes:
         raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")

@@ -1,11 +1,12 @@
-"""DecoderModel: the Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, Gemma 3) in plain PyTorch.
+"""DecoderModel: the Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, Gemma 3, Phi-3/Phi-4) in plain PyTorch.
 
 One forward pass takes the flat tokens of a whole step (prefill chunks and decode rows of many
 sequences) and reads/writes the paged KV pool; it has no per-token Python loop. Q/K/V and gate/up
 projections are fused into one matmul each; `load_hf_state_dict` maps Hugging Face weight names onto
 the fused layout. float32 on CPU (grad disabled, kernels built), the ops between the matmuls are native
 (model/decode_ops.py): a residual add and the next norm in one op, RoPE with the K/V write in another, a
-decode step's attention in one with them; other dtypes and devices run the same math in torch ops.
+decode step's attention in one with them; other dtypes and devices run the same math in torch ops, and so
+do Qwen3's QK norm and Phi's partial rotary (the native ops rotate whole heads, with no norm before).
 Gemma 3 is the same decoder with what its config sets (config.py): norms after each sublayer too, scaling
 by 1 + weight, a tanh GELU, scaled embeddings, and sliding-window layers with their own RoPE base; it runs
 the torch ops (its QK norms already keep it off the fused native attention).
@@ -28,7 +29,7 @@ from .fp8_weights import Fp8Linear
 from .kv_tensors import KVCacheTensors
 from .linear import Linear, PackedWeight, linear, packs
 from .quant_linear import Int8Embedding, Int8Linear, QuantizedEmbedding, QuantizedLinear
-from .rope import inverse_frequencies, rope_cos_sin
+from .rope import inverse_frequencies, longrope_cos_sin, rope_cos_sin
 
 
 class RMSNorm(nn.Module):
@@ -55,6 +56,7 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         self.num_heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.rotary_dim = cfg.rotary_dim  # under head_dim: the rest of each head passes unrotated
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.split = (q_size, kv_size, kv_size)
         self.qkv_proj = Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
@@ -76,7 +78,8 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         qkv = self.qkv_proj.forward(x)
-        if self.q_norm is None and not self.window and decode_ops.native_for(qkv) and qkv.is_contiguous():
+        if (self.q_norm is None and not self.window and self.rotary_dim == self.head_dim and decode_ops.native_for(qkv)
+                and qkv.is_contiguous()):
             ops = decode_ops.native
             if not batch.prefills and batch.decode_tables is not None:
                 # a decode step: RoPE, the KV write and attention over the pools in one native op
@@ -153,7 +156,7 @@ class DecoderModel(nn.Module):
         self.lm_head = None if config.tie_word_embeddings else Linear(
             config.hidden_size, config.vocab_size, bias=False
         )
-        self._inv_freq: torch.Tensor | None = None  # float32, moved lazily to the weights' device
+        self._inv_freq: dict[bool, torch.Tensor] = {}  # float32 by `long` (LongRoPE's 2nd set), on the weights' device
         self._local_inv_freq: torch.Tensor | None = None  # the sliding layers' (Gemma 3), likewise
         self._logits_weight = PackedWeight()  # the head's packed weight (the embedding's when tied)
 
@@ -162,12 +165,25 @@ class DecoderModel(nn.Module):
         """The activations' and KV cache's dtype (`--dtype`): the norms', which are never quantized."""
         return self.norm.weight.dtype
 
-    def _inverse_frequencies(self) -> torch.Tensor:
+    def _inverse_frequencies(self, long: bool = False) -> torch.Tensor:
         device = self.norm.weight.device
-        if self._inv_freq is None or self._inv_freq.device != device:
+        inv_freq = self._inv_freq.get(long)
+        if inv_freq is None or inv_freq.device != device:
             cfg = self.config
-            self._inv_freq = inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
-        return self._inv_freq
+            inv_freq = inverse_frequencies(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling, long).to(device)
+            self._inv_freq[long] = inv_freq
+        return inv_freq
+
+    def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, 1, rotary_dim] of the step's positions (broadcast over heads); LongRoPE's by
+        rope.py's rule, per token by position."""
+        scaling = self.config.rope_scaling
+        if scaling is not None and scaling.rope_type == "longrope":
+            cos, sin = longrope_cos_sin(positions, self._inverse_frequencies(), self._inverse_frequencies(long=True),
+                                        scaling, self.compute_dtype)
+        else:
+            cos, sin = rope_cos_sin(positions, self._inverse_frequencies(), self.compute_dtype)
+        return cos.unsqueeze(1), sin.unsqueeze(1)
 
     def _local_inverse_frequencies(self) -> torch.Tensor:
         """The sliding layers' frequencies: their own base, never scaled (Gemma 3's local RoPE)."""
@@ -186,8 +202,7 @@ class DecoderModel(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions: [T] for the step's flat tokens. Returns the final-norm hidden states
         [T, hidden]; pick the rows to sample and pass them to `compute_logits`."""
-        cos, sin = rope_cos_sin(positions, self._inverse_frequencies(), self.compute_dtype)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, head_dim], broadcast over heads
+        cos, sin = self._cos_sin(positions)
         h = self.embed_tokens(input_ids)
         if self.config.sandwich_norms:
             return self._sandwich_layers(h, positions, cos, sin, batch, kv)
