@@ -89,6 +89,13 @@ class AttentionBatch:
                                if self._decode_inputs is not None else ())
         return self.decode_groups
 
+    def cut_by(self, window: int) -> bool:
+        """Whether a sliding window of `window` keys hides any key from this step's queries (a captured step's
+        static groups: assumed so, their contexts are not known here)."""
+        if self._decode_inputs is None:
+            return bool(self.decode_groups) or any(p.context_len > window for p in self.prefills)
+        return any(p.context_len > window for p in self.prefills) or any(c > window for c in self._decode_inputs[0])
+
     def windowed(self, window: int) -> tuple[tuple[PrefillChunk, ...], tuple[DecodeGroup, ...] | None]:
         """The prefill chunks and the decode groups as a layer with a sliding window of `window` keys sees them:
         a chunk or group whose contexts all fit in the window is returned as it is; decode groups are None

@@ -161,7 +161,7 @@ class ModelConfig:
             num_heads=num_heads,
             num_kv_heads=int(hf.get("num_key_value_heads") or num_heads),
             head_dim=head_dim,
-            max_position_embeddings=_context_limit(hf),
+            max_position_embeddings=int(hf.get("max_position_embeddings", 2048)),
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
@@ -170,6 +170,7 @@ class ModelConfig:
             mlp_bias=model_type == "llama" and bool(hf.get("mlp_bias", False)),
             qk_norm=model_type == "qwen3",
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            layer_windows=_windows(hf, int(hf["num_hidden_layers"])),
             bos_token_id=hf.get("bos_token_id") if isinstance(hf.get("bos_token_id"), int) else None,
             eos_token_ids=token_ids(hf.get("eos_token_id")),
             rotary_dim=rotary_dim,
@@ -254,16 +255,21 @@ def token_ids(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
-def _context_limit(hf: Mapping[str, Any]) -> int:
-    """max_position_embeddings, capped by an active sliding window (the runtime attends to all keys,
-    which equals sliding-window attention only while the context fits in the window)."""
-    limit = int(hf.get("max_position_embeddings", 2048))
-    window = hf.get("sliding_window")
-    # Mistral and Phi-3 use a window whenever it is set (transformers: `sliding_window is not None`)
-    uses_window = hf.get("use_sliding_window", hf.get("model_type") in ("mistral", "phi3"))
-    if uses_window and window:
-        limit = min(limit, int(window))
-    return limit
+def _windows(hf: Mapping[str, Any], num_layers: int) -> tuple[int, ...]:
+    """Each layer's sliding window in keys (0: global; (): none), as transformers applies them: Mistral and Phi-3
+    window every layer whenever `sliding_window` is set (unless `use_sliding_window` is false); Qwen2 and Qwen3
+    with `use_sliding_window` the layers `layer_types` names, or from `max_window_layers` on."""
+    window = int(hf.get("sliding_window") or 0)
+    if window < 1 or not hf.get("use_sliding_window", hf.get("model_type") in ("mistral", "phi3")):
+        return ()
+    if hf.get("model_type") in ("mistral", "phi3"):
+        return (window,) * num_layers
+    first = int(hf.get("max_window_layers", num_layers))
+    types = hf.get("layer_types") or ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
+    if len(types) != num_layers:
+        raise UnsupportedModelError(f"layer_types must name one attention type for each of the {num_layers} layers, "
+                                    f"got {len(types)}")
+    return tuple(window if t == "sliding_attention" else 0 for t in types)
 
 
 def _rotary_dim(hf: Mapping[str, Any], head_dim: int) -> int:

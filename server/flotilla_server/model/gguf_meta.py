@@ -90,8 +90,8 @@ def gguf_config(gg: GGUFModel) -> ModelConfig:
     """Maps `{architecture}.*` metadata to ModelConfig; refuses RoPE variants the runtime does not run. The
     optional parts come from the tensors present, as llama.cpp reads them: Q/K/V biases (Qwen2), Q/K norms
     (Qwen3), an output bias, no `output.weight` (tied embeddings). phi3: a partial rotary from
-    `rope.dimension_count`, and a context capped by `attention.sliding_window` (0: none), as config.py caps a
-    Hugging Face Phi-3's."""
+    `rope.dimension_count`, and every layer windowed by `attention.sliding_window` (0: none), as config.py
+    windows a Hugging Face Phi-3's."""
     tokens = gg.field("tokenizer.ggml.tokens") or []
     hidden = int(gg.arch_field("embedding_length"))
     num_heads = int(gg.arch_field("attention.head_count"))
@@ -100,7 +100,10 @@ def gguf_config(gg: GGUFModel) -> ModelConfig:
     bos = gg.field("tokenizer.ggml.bos_token_id")
     names = {t.name for t in gg.tensors}
     num_layers = int(gg.arch_field("block_count"))
-    gemma = _gemma3_fields(gg, hidden, num_heads, head_dim, num_layers) if gg.architecture == "gemma3" else {}
+    # the architectures' own fields: phi3's windows; Gemma 3's (its windows included)
+    own = {"layer_windows": _phi3_windows(gg, num_layers)} if gg.architecture == "phi3" else {}
+    if gg.architecture == "gemma3":
+        own = _gemma3_fields(gg, hidden, num_heads, head_dim, num_layers)
     return ModelConfig(
         model_type=gg.architecture,
         vocab_size=int(gg.arch_field("vocab_size", len(tokens))),
@@ -110,7 +113,7 @@ def gguf_config(gg: GGUFModel) -> ModelConfig:
         num_heads=num_heads,
         num_kv_heads=int(gg.arch_field("attention.head_count_kv", num_heads)),
         head_dim=head_dim,
-        max_position_embeddings=_context_limit(gg),
+        max_position_embeddings=int(gg.arch_field("context_length", 2048)),
         rms_norm_eps=float(gg.arch_field("attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(gg.arch_field("rope.freq_base", 10000.0)),
         rope_scaling=rope_scaling(gg, head_dim),
@@ -121,8 +124,15 @@ def gguf_config(gg: GGUFModel) -> ModelConfig:
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=() if eos is None else (int(eos),),
         rotary_dim=int(gg.arch_field("rope.dimension_count", head_dim)),
-        **gemma,
+        **own,
     )
+
+
+def _phi3_windows(gg: GGUFModel, num_layers: int) -> tuple[int, ...]:
+    """phi3's `attention.sliding_window` (0 or absent: none) windows every layer, as llama.cpp and transformers
+    apply it."""
+    window = int(gg.arch_field("attention.sliding_window", 0))
+    return (window,) * num_layers if window > 0 else ()
 
 
 def _gemma3_fields(gg: GGUFModel, hidden: int, num_heads: int, head_dim: int, num_layers: int) -> dict:
@@ -143,12 +153,6 @@ def _gemma3_fields(gg: GGUFModel, hidden: int, num_heads: int, head_dim: int, nu
         "layer_windows": tuple(0 if (i + 1) % GEMMA3_GLOBAL_EVERY == 0 else window for i in range(num_layers)),
         "local_rope_theta": GEMMA3_LOCAL_ROPE_THETA,
     }
-
-
-def _context_limit(gg: GGUFModel) -> int:
-    limit = int(gg.arch_field("context_length", 2048))
-    window = int(gg.arch_field("attention.sliding_window", 0)) if gg.architecture == "phi3" else 0
-    return min(limit, window) if window > 0 else limit
 
 
 def rope_scaling(gg: GGUFModel, head_dim: int) -> RopeScaling | None:

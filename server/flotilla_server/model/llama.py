@@ -78,7 +78,8 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         qkv = self.qkv_proj.forward(x)
-        if (self.q_norm is None and not self.window and self.rotary_dim == self.head_dim and decode_ops.native_for(qkv)
+        windowed = self.window and batch.cut_by(self.window)  # a window that hides no key needs no mask
+        if (self.q_norm is None and not windowed and self.rotary_dim == self.head_dim and decode_ops.native_for(qkv)
                 and qkv.is_contiguous()):
             ops = decode_ops.native
             if not batch.prefills and batch.decode_tables is not None:

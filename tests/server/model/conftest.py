@@ -26,13 +26,13 @@ PHI3_LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0,
 VARIANTS = {
     "llama-gqa": ("llama", {}),
     "llama-tied-mha": ("llama", {"tie_word_embeddings": True, "num_key_value_heads": 4}),
-    "mistral-gqa": ("mistral", {"num_key_value_heads": 1}),
+    "mistral-gqa": ("mistral", {"num_key_value_heads": 1, "sliding_window": 32}),  # a window the longer prompts outrun
     "qwen2-bias-tied": ("qwen2", {"tie_word_embeddings": True}),
     "qwen3-qknorm-sharded": ("qwen3", {"max_shard_size": "100KB"}),
     "gemma3-sliding-tied": ("gemma3_text", {"tie_word_embeddings": True}),
-    # Phi-3/4: half of each head rotated, tied, a sliding window wider than every test sequence
+    # Phi-3/4: half of each head rotated, tied, a sliding window the longer test sequences outrun
     "phi3-partial-tied-window": ("phi3", {"partial_rotary_factor": 0.5, "tie_word_embeddings": True,
-                                          "sliding_window": 512}),
+                                          "sliding_window": 16}),
     # Phi-3.5-mini's shape: LongRoPE over whole heads; every test sequence is under 512 (the short factors)
     "phi3-longrope": ("phi3", {"max_position_embeddings": 2048, "original_max_position_embeddings": 512,
                                "rope_parameters": PHI3_LONGROPE}),

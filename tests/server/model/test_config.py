@@ -105,16 +105,21 @@ def test_other_families_rotate_whole_heads_whatever_partial_rotary_factor_says()
     assert cfg(model_type="llama", partial_rotary_factor=0.5).rotary_dim == 16  # transformers' Llama ignores it
 
 
-@pytest.mark.parametrize(("extra", "limit"), [
-    ({"model_type": "mistral", "sliding_window": 128}, 128),
-    ({"model_type": "mistral", "sliding_window": None}, 512),
-    ({"model_type": "qwen2", "sliding_window": 128, "use_sliding_window": False}, 512),
-    ({"model_type": "qwen2", "sliding_window": 128, "use_sliding_window": True}, 128),
-    ({"model_type": "phi3", "sliding_window": 128}, 128),  # Phi-3-mini-4k: a window of 2047 in 4096 positions
-    ({"model_type": "phi3", "sliding_window": None}, 512),
+@pytest.mark.parametrize(("extra", "windows"), [
+    ({"model_type": "mistral", "sliding_window": 128}, (128, 128)),
+    ({"model_type": "mistral", "sliding_window": None}, ()),
+    ({"model_type": "mistral", "sliding_window": 128, "use_sliding_window": False}, ()),
+    ({"model_type": "qwen2", "sliding_window": 128, "use_sliding_window": False}, ()),
+    ({"model_type": "qwen2", "sliding_window": 128, "use_sliding_window": True, "max_window_layers": 1}, (0, 128)),
+    ({"model_type": "qwen3", "sliding_window": 128, "use_sliding_window": True,
+      "layer_types": ["sliding_attention", "full_attention"]}, (128, 0)),
+    ({"model_type": "phi3", "sliding_window": 128}, (128, 128)),  # Phi-3-mini-4k: a window of 2047 in 4096 positions
+    ({"model_type": "phi3", "sliding_window": None}, ()),
 ])
-def test_active_sliding_window_caps_the_context(extra, limit):
-    assert cfg(**extra).max_position_embeddings == limit
+def test_sliding_windows_as_transformers_applies_them(extra, windows):
+    """Windowed layers are masked (model/attention.py), so the context stays the model's own."""
+    c = cfg(**extra)
+    assert c.layer_windows == windows and c.max_position_embeddings == 512
 
 
 @pytest.mark.parametrize(("extra", "message"), [

@@ -88,7 +88,7 @@ def test_partial_rotary_longrope_and_window_equal_transformers_on_the_hf_directo
     path = gguf_from_phi3_dir(directory, tmp_path / f"m.{tensor_type.name}.gguf", tensor_type, **options)
     config = load_model(str(path), "float32", "cpu").config
     hf_config = load_model(str(directory), "float32", "cpu").config
-    assert config.rotary_dim == hf_config.rotary_dim == 12 and config.max_position_embeddings == 256
+    assert config.rotary_dim == hf_config.rotary_dim == 12 and config.layer_windows == (256, 256)
     scaling, hf_scaling = config.rope_scaling, hf_config.rope_scaling
     for name in ("short_factor", "long_factor"):  # float32 in the file, as transformers makes them a float32 tensor
         assert np.array_equal(np.float32(getattr(scaling, name)), np.float32(getattr(hf_scaling, name)))
