@@ -1,14 +1,14 @@
 """Products with weights kept in llama.cpp's GGUF blocks (Q8_0, Q5_0, Q5_1, Q4_0, Q4_1, and the k-quants Q2_K,
 Q3_K, Q4_K, Q5_K and Q6_K), as uint8 tensors [rows, bytes per row] of the file's bytes.
 
-Native kernels multiply Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K (NATIVE_TYPES); Q5_0, Q5_1, Q2_K and Q3_K take the
-torch fallback below at every row count (exact too, but it decodes a tile of float weights per product, so a
-decode step is slower with them: llama.cpp gives them to few tensors of a file, e.g. the rows of a width that
-is not a multiple of 256). Their layouts and torch decoders are in model/quant_decoders.py.
+Native kernels multiply Q8_0, Q5_0, Q5_1, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K (NATIVE_TYPES); Q2_K and Q3_K take the
+torch fallback below at every row count (exact too, but it decodes a tile of float weights per product: a
+one-row product took about 100 times a kernel's time per weight for Q5_0 and Q5_1 before they had kernels,
+model/kernels/q5_matmul.cpp). Their layouts and torch decoders are in model/quant_decoders.py.
 
 Why: a decode step at batch 1 reads every weight once, so its speed is the bytes it reads, and a pool's memory
-budget is the bytes each model holds; a Q8_0 weight is 8.5 bits, Q6_K 6.5625, Q4_1 5, Q4_0 and Q4_K 4.5, its
-float32 copy 32.
+budget is the bytes each model holds; a Q8_0 weight is 8.5 bits, Q6_K 6.5625, Q5_1 6, Q5_0 and Q5_K 5.5, Q4_1
+5, Q4_0 and Q4_K 4.5, its float32 copy 32.
 
 - `quant_matmul(x, blocks, qtype)`: x @ dequantize(blocks).T in float32, by the native kernel
   (model/kernels/quant_matmul.cpp) when the kernels are built, else by a torch fallback that decodes about
@@ -25,7 +25,8 @@ float32 copy 32.
       49152 x 576 Q8_0     15.8/16.6/26.3     31.0/22.5/28.8     64.5/35.0/35.9     582/261/241
   so MANY_ROWS = 32, where every shape measured is as fast or faster (1536 x 576 and the head already at 24
   rows, 576 x 1536 not before 32); Q4_K and Q6_K gain alike (1536 x 1024 at 32 / 64 rows: Q4_K 1.24 / 2.51 in
-  the kernel, 1.09 / 1.67 this way; Q6_K 1.56 / 3.17 against 1.14 / 1.74; F.linear 0.90 / 1.44).
+  the kernel, 1.09 / 1.67 this way; Q6_K 1.56 / 3.17 against 1.14 / 1.74; F.linear 0.90 / 1.44), and Q5_0 and
+  Q5_1 (1536 x 576 at 32 / 64 rows: 0.95-0.99 / 2.0-2.1 in the kernel, 0.64 / 1.05 this way; Q4_1 0.63 / 1.05).
   TILE_BYTES = 1.5 MiB: a tile stays in the core's 2 MiB L2 beside x's panel; 0.5 and 1 MiB were 5-15 % slower at
   24-128 rows (more, narrower sgemm calls: 576 x 1536 gets 85 rows per tile at 0.5 MiB), 2 MiB as fast at 64
   rows and more but slower at 24-32. Rules: the many-row path's results are within float rounding of
@@ -33,7 +34,7 @@ float32 copy 32.
   its batch reaches MANY_ROWS; and MKL splits long rows (k >= 1536) over threads, so its bits may differ
   between thread counts (the kernel's do not). Without the native dequantizer (a library built before it) the
   kernel runs at every row count; int8 activations keep the kernel too (their rounding is the mode's point),
-  but not for Q4_K and Q6_K, which have no int8 path.
+  but only for INT8_TYPES: the others have no int8 path.
   The native kernel decodes each block of weights to float32 in registers and multiplies x as it is (exact up
   to float rounding, like the fallback) by default on AVX-512; on AVX2, where that path is bound by its
   instructions rather than by reading the weights, it rounds x to int16 per block of 32 and takes integer
@@ -44,8 +45,10 @@ float32 copy 32.
   at batch 1 where the float path is bound by instructions (a Q8_0 head: about 1.6x), but SmolLM2-135M's
   Q4_1 file then agrees with its dequantized weights on the top-1 token at only 94-95 % of positions, where
   the project asks for 98 % (tests/server/model/test_quantized_accuracy.py). Q4_K and Q6_K have the float
-  path only (model/kernels/kquant_matmul.cpp, with its timings), and Q5_K with them: in int8 mode they take it too. A library
-  built before their kernels refuses their type ids: they then take the torch fallback (logged once);
+  path only (model/kernels/kquant_matmul.cpp, with its timings), and Q5_K with them; Q5_0 and Q5_1 have the
+  float and int16 paths (model/kernels/q5_matmul.cpp, with timings; int16 in Q4_0's and Q4_1's code): in
+  int8 mode all of these take the float path (INT8_TYPES: those with an int8 one). A library built before
+  their kernels refuses their type ids: they then take the torch fallback (logged once);
 - `dequantize_rows(blocks, qtype)`: the rows in float, equal to `gguf.quants.dequantize`: an embedding
   lookup decodes only the rows it reads (the native `dequantize_blocks` op gives the same bits, faster);
 - `active_isa()` / `force_isa(name)`: the native kernel's instruction set (FLOTILLA_KERNEL_ISA sets it at
@@ -88,12 +91,14 @@ T = GGMLQuantizationType
 Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 = T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K = T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K
 BLOCK_BYTES = {Q8_0: 34, Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q2_K: 84, Q3_K: 110, Q4_K: 144, Q5_K: 176, Q6_K: 210}
-# weights per block: 32, or a k-quant's super-block of 256
-BLOCK_WEIGHTS = {t: 256 if t in (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) else 32 for t in BLOCK_BYTES}
-# the types the native library multiplies (when built from today's sources); the others take the torch fallback
-NATIVE_TYPES = frozenset({Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K})
-# the k-quants: the native kernel multiplies them with float activations in either mode
+# the k-quants: super-blocks of 256 weights
 KQUANT_TYPES = frozenset({Q2_K, Q3_K, Q4_K, Q5_K, Q6_K})
+# weights per block: 32, or a k-quant's super-block of 256
+BLOCK_WEIGHTS = {t: 256 if t in KQUANT_TYPES else 32 for t in BLOCK_BYTES}
+# the types the native library multiplies (when built from today's sources); the others take the torch fallback
+NATIVE_TYPES = frozenset({Q8_0, Q5_0, Q5_1, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K})
+# the types whose native kernel has an int8-activation path; the others take float activations in int8 mode
+INT8_TYPES = frozenset({Q8_0, Q4_0, Q4_1})
 # raw [rows, blocks, block bytes] -> float32 weights, in gguf's order of operations (model/quant_decoders.py)
 _DECODERS = {Q5_0: decoders.q5_0, Q5_1: decoders.q5_1, Q2_K: decoders.q2_k, Q3_K: decoders.q3_k,
              Q4_K: decoders.q4_k, Q5_K: decoders.q5_k, Q6_K: decoders.q6_k}
@@ -112,13 +117,14 @@ _kernel_activations = native_op("kernel_activations")
 log = logging.getLogger(__name__)
 
 
-def _has_native_kquants(qtype: GGMLQuantizationType = Q4_K, names: str = "Q4_K and Q6_K") -> bool:
-    """Whether the library multiplies `qtype` (Q4_K standing for Q6_K, built with it): one built before its
-    kernel refuses its type id."""
+def _library_multiplies(qtype: GGMLQuantizationType, names: str) -> bool:
+    """Whether the library multiplies `qtype` (standing for `names`, the types whose kernels came with it): one
+    built before its kernel refuses its type id."""
     if _quant_matmul is None:
         return False
     try:
-        _quant_matmul(torch.zeros(0, 256), torch.zeros(0, BLOCK_BYTES[qtype], dtype=torch.uint8), int(qtype))
+        _quant_matmul(torch.zeros(0, BLOCK_WEIGHTS[qtype]), torch.zeros(0, BLOCK_BYTES[qtype], dtype=torch.uint8),
+                      int(qtype))
         return True
     except RuntimeError:
         log.warning("the native CPU kernels have no %s products: built from older sources, make setup "
@@ -126,14 +132,17 @@ def _has_native_kquants(qtype: GGMLQuantizationType = Q4_K, names: str = "Q4_K a
         return False
 
 
-_NATIVE_KQUANTS = _has_native_kquants()
-_NATIVE_Q5K = _has_native_kquants(Q5_K, "Q5_K")
+_NATIVE_KQUANTS = _library_multiplies(Q4_K, "Q4_K and Q6_K")
+_NATIVE_Q5K = _library_multiplies(Q5_K, "Q5_K")
+_NATIVE_Q5 = _library_multiplies(Q5_0, "Q5_0 and Q5_1")
 
 
 def _native_type(qtype: int) -> bool:
     """Whether the loaded library multiplies (and dequantizes) blocks of `qtype`."""
     if qtype in (Q4_K, Q6_K):
         return _NATIVE_KQUANTS
+    if qtype in (Q5_0, Q5_1):
+        return _NATIVE_Q5
     return _NATIVE_Q5K if qtype == Q5_K else qtype in NATIVE_TYPES
 
 
@@ -178,18 +187,18 @@ def quant_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int) -> torch.Ten
     """x [..., k] float32 @ dequantize(blocks [n, k / block weights * block bytes]).T -> [..., n], no autograd
     (block weights: 32, or 256 for the k-quants).
 
-    Under MANY_ROWS rows of x, the native kernel multiplies x by the exact weights (or, in int8 mode, x
-    rounded to int8 per block of 32, the k-quants excepted; the error bounds are in
+    Under MANY_ROWS rows of x, the native kernel multiplies x by the exact weights (or by x rounded per block
+    of 32: to int16 by default on AVX2, to int8 in int8 mode for INT8_TYPES; the error bounds are in
     tests/server/model/test_quant_kernels.py) and checks its arguments itself, so that this wrapper adds
-    little to its few us per call (a decode step makes hundreds). From MANY_ROWS rows (float mode, or a
-    k-quant), and in the fallback (no library, or x not float32 on CPU), tiles of weights are decoded to
-    float and multiplied by torch's sgemm: the exact weights, in x's dtype."""
+    little to its few us per call (a decode step makes hundreds). From MANY_ROWS rows (but for int8
+    activations of INT8_TYPES), and in the fallback (no library, or x not float32 on CPU), tiles of weights
+    are decoded to float and multiplied by torch's sgemm: the exact weights, in x's dtype."""
     k = x.shape[-1]
     rows = x.numel() // k if k else 0
-    kquant = qtype in KQUANT_TYPES
     native = (_quant_matmul is not None and x.dtype == torch.float32 and x.is_cpu and blocks.is_cpu
               and _native_type(int(qtype)))
-    if native and (rows < MANY_ROWS or _dequantize_blocks is None or (not kquant and active_activations() == "int8")):
+    int8_kernel = qtype in INT8_TYPES and active_activations() == "int8"  # keeps its rounding at every row count
+    if native and (rows < MANY_ROWS or _dequantize_blocks is None or int8_kernel):
         if x.dim() == 2:
             return _quant_matmul(x, blocks, int(qtype))
         return _quant_matmul(x.reshape(-1, k), blocks, int(qtype)).reshape(*x.shape[:-1], blocks.shape[0])

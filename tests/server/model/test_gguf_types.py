@@ -1,8 +1,9 @@
 """The GGUF types Q5_0, Q5_1, Q2_K, Q3_K and Q5_K in the quantized path (model/quant_blocks.py, quant_decoders.py,
-kernels/kquant_matmul.cpp for Q5_K): dequantization with `gguf.quants.dequantize`'s bits, products within the
-float bound of tests/server/model/test_quant_kernels.py, models of mixed types (rows not a multiple of 256 in
-Q5_0/Q5_1/Q8_0, as llama.cpp stores them) held as blocks against the same file dequantized and against
-transformers, and a type still unsupported refused by name, exit 2 from the CLI.
+kernels/kquant_matmul.cpp for Q5_K; Q5_0's and Q5_1's kernels in detail: test_q5_kernels.py): dequantization
+with `gguf.quants.dequantize`'s bits, products within the float bound of tests/server/model/test_quant_kernels.py,
+models of mixed types (rows not a multiple of 256 in Q5_0/Q5_1/Q8_0, as llama.cpp stores them) held as blocks
+against the same file dequantized and against transformers, and a type still unsupported refused by name, exit
+2 from the CLI.
 
 `gguf` cannot quantize Q2_K, Q3_K or Q5_K: their blocks are random bytes with finite fp16 scale fields (every
 6-bit scale and min, every integer); Q5_0 and Q5_1 are random bytes too (any 5-bit integer) and `quantize`'s.
@@ -110,7 +111,7 @@ def test_a_q5_k_rows_result_does_not_depend_on_the_other_rows() -> None:
     assert_rows_independent([T.Q5_K], lambda qtype: torch.from_numpy(random_blocks(qtype, 33, 768)), 768)
 
 
-@pytest.mark.parametrize("qtype", [T.Q5_0, T.Q5_1, T.Q2_K, T.Q3_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", [T.Q2_K, T.Q3_K], ids=lambda t: t.name)
 def test_portable_types_multiply_within_the_float_bound(qtype: T) -> None:
     """No native kernel: quant_matmul decodes tiles with the torch decoders at every row count."""
     assert quant_blocks.few_rows_product(qtype) is None

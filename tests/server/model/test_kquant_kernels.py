@@ -172,7 +172,7 @@ def test_torch_fallback_within_the_float_bound(monkeypatch: pytest.MonkeyPatch, 
 @native
 def test_a_library_without_k_quant_kernels_leaves_them_to_the_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     """One built before them refuses their type ids: quant_blocks checks once, at import."""
-    assert quant_blocks._NATIVE_KQUANTS and quant_blocks._has_native_kquants()
+    assert quant_blocks._NATIVE_KQUANTS and quant_blocks._library_multiplies(Q4_K, "Q4_K and Q6_K")
     monkeypatch.setattr(quant_blocks, "_NATIVE_KQUANTS", False)
     monkeypatch.setattr(quant_blocks, "_quant_matmul", lambda *args: pytest.fail("the native kernel ran"))
     blocks = random_blocks(Q6_K, 7, 512)

@@ -22,7 +22,7 @@ exactly up to float rounding. Its bound is the same for every type:
                + 2**-100                                               (scales that underflow: subnormal x)
 
 with W_j = |w_j| for Q8_0 and Q4_0, and |d * nibble_j| + |m| for Q4_1 (whose kernel sums the d and m terms
-apart).
+apart; Q5_1's int16 path alike, test_q5_kernels.py).
 
 In int16 mode (the default where the products run on AVX2: `auto`) the rounding is to int16 (d = amax / 32767):
 the same bound with amax_b / 65534 in the first term, and the same agreement between the paths.
@@ -57,6 +57,7 @@ from flotilla_server.model.quant_blocks import (
     BLOCK_BYTES,
     Q4_0,
     Q4_1,
+    Q5_1,
     Q8_0,
     dequantize_rows,
     force_activations,
@@ -73,6 +74,7 @@ from hypothesis.extra import numpy as hnp
 from .kernel_isas import assert_dequantizer_bits, assert_rows_independent, available_isas
 
 TYPES = [Q8_0, Q4_0, Q4_1]
+MIN_TYPES = (Q4_1, Q5_1)  # w = d * q + m, m the fp16 at byte 2 (the rounded paths sum the two terms apart)
 ROWS = [1, 2, 3, 4, 8, 16, 64]
 SHAPES = [(n, k) for n in (1, 7, 33, 97) for k in (32, 96, 160, 608)]  # k: blocks, not SIMD widths
 LONG_ROWS = [(9, 32 * 131)]  # the float path's SIMD code converts scales per 64 blocks: 64 + 64 + 3
@@ -129,11 +131,12 @@ def bounds(x: torch.Tensor, blocks: np.ndarray, qtype: GGMLQuantizationType,
     n, k = blocks.shape[0], x.shape[1]
     w = torch.from_numpy(dequantize(blocks, qtype)).double().abs()
     magnitude = w
-    if qtype == Q4_1:
-        raw = torch.from_numpy(blocks).reshape(n, -1, BLOCK_BYTES[qtype])
-        d, m = (raw[..., at:at + 2].contiguous().view(torch.float16).double() for at in (0, 2))
-        nibbles = torch.cat((raw[..., 4:] & 15, raw[..., 4:] >> 4), dim=-1).double()
-        magnitude = ((d * nibbles).abs() + m.abs()).reshape(n, k)
+    if qtype in MIN_TYPES:  # |d * q| + |m|: the blocks with m = 0 give d * q (exact)
+        raw = blocks.copy().reshape(n, -1, BLOCK_BYTES[qtype])
+        m = torch.from_numpy(raw[..., 2:4].copy().view(np.float16).astype(np.float64))  # [n, blocks, 1]
+        raw[..., 2:4] = 0
+        scaled = torch.from_numpy(dequantize(raw.reshape(n, -1), qtype)).double().abs().reshape(n, -1, 32)
+        magnitude = (scaled + m.abs()).reshape(n, k)
     amax = x.double().abs().reshape(x.shape[0], -1, 32).amax(-1)  # [m, blocks]
     rounding = amax @ w.reshape(n, -1, 32).sum(-1).T / (2 * levels)
     return rounding, (k + 64) * 2**-22 * (amax @ magnitude.reshape(n, -1, 32).sum(-1).T) + 2**-100
@@ -387,9 +390,9 @@ def test_zero_and_subnormal_activation_blocks() -> None:
 # ---- both
 
 def finite_scales(blocks: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
-    """Random block bytes with each fp16 scale (d, and m for Q4_1) made finite: exponent 31 becomes 15."""
+    """Random block bytes with each fp16 scale (d, and m for MIN_TYPES) made finite: exponent 31 becomes 15."""
     raw = blocks.copy().reshape(blocks.shape[0], -1, BLOCK_BYTES[qtype])
-    scales = raw[..., :4 if qtype == Q4_1 else 2].copy().view(np.uint16)
+    scales = raw[..., :4 if qtype in MIN_TYPES else 2].copy().view(np.uint16)
     scales[(scales & 0x7C00) == 0x7C00] &= np.uint16(0xBFFF)
     raw[..., :scales.shape[-1] * 2] = scales.view(np.uint8)
     return raw.reshape(blocks.shape)

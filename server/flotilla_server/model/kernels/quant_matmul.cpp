@@ -1,14 +1,16 @@
 // torch.ops.flotilla.quant_matmul(x [m, k] float32, blocks [n, k/32 * block_bytes] uint8, qtype) -> [m, n]:
 // x @ dequantize(blocks).T for a weight kept in llama.cpp's GGUF blocks, qtype its GGML type id (Q4_0 = 2,
-// Q4_1 = 3, Q8_0 = 8; and the k-quants Q4_K = 12, Q5_K = 13, Q6_K = 14, whose blocks hold 256 weights, so k/256 of them
-// a row, k a multiple of 256: their kernels are kquant_matmul.cpp's, which this file's ops call), without a
-// float copy of the weight (model/quant_blocks.py calls it; scripts/build_kernels.py builds it).
+// Q4_1 = 3, Q8_0 = 8; Q5_0 = 6 and Q5_1 = 7, whose float-activation kernels are q5_matmul.cpp's; and the
+// k-quants Q4_K = 12, Q5_K = 13, Q6_K = 14, whose blocks hold 256 weights, so k/256 of them a row, k a multiple
+// of 256: their kernels are kquant_matmul.cpp's; this file's ops call both), without a float copy of the weight
+// (model/quant_blocks.py calls it; scripts/build_kernels.py builds it).
 // torch.ops.flotilla.kernel_isa(wanted) -> str: the instruction set the products run on, one of scalar, avx2,
 // avx512, avx512_vnni; "" reads it, a name sets it (for comparisons), or the CPU's best where it lacks that
 // one. torch.ops.flotilla.kernel_activations(wanted) -> str: the activations' form, auto (the default: int16
 // where the products run on AVX2, float elsewhere), float, int8 or int16; "" reads it, a name sets it; the
-// answer is "setting:form on the instruction set in use" (the rounded forms apply to Q8_0, Q4_0 and Q4_1: the
-// k-quants have the float path only and take it in every mode).
+// answer is "setting:form on the instruction set in use" (the rounded forms apply to Q8_0, Q4_0 and Q4_1, and
+// int16 to Q5_0 and Q5_1 too, which take the float path in int8 mode; the k-quants have the float path only
+// and take it in every mode).
 // torch.ops.flotilla.dequantize_blocks(blocks [rows, k/32 * block_bytes] uint8, qtype, out [rows, k] float32):
 // writes the rows' weights into out, with gguf.quants.dequantize's bits (model/quant_blocks.py's many-row
 // path decodes a tile of weights with it, then multiplies the tile by torch.mm).
@@ -65,7 +67,8 @@
 //   avx512_vnni and avx512 both run its AVX-512 code;
 // - dequantize_blocks computes each weight in gguf's own operations (d * q, d * (nibble - 8), d * nibble + m),
 //   so its bits are gguf's on every instruction set and thread count (rows split over the threads from 32 Ki
-//   weights); it follows kernel_isa like the products (the k-quants' have the same rules: kquant_matmul.cpp);
+//   weights); it follows kernel_isa like the products (the k-quants' and Q5_0's and Q5_1's have the same
+//   rules: kquant_matmul.cpp, q5_matmul.cpp);
 // - FLOTILLA_KERNEL_ACTIVATIONS=auto|float|int8|int16 is read at load (another value: auto, with a line on stderr);
 //   kernel_activations() changes it for the whole process (tests, benchmarks).
 #include <ATen/ATen.h>
@@ -85,6 +88,8 @@
 #include <cstring>
 #include <string>
 
+#include "q5_blocks.h"
+
 #define TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define INLINE inline __attribute__((always_inline))
@@ -97,9 +102,17 @@ void matmul(int64_t qtype, const float* x, int64_t m, int64_t k, const uint8_t* 
 void dequantize(int64_t qtype, const uint8_t* w, int64_t rows, int64_t k, float* out, Path path);
 }  // namespace flotilla::kquants
 
+// Q5_0 and Q5_1 (q5_matmul.cpp): blocks of 32 weights, float activations (int16: here, below)
+namespace flotilla::q5 {
+enum class Path : int { plain = 0, avx2 = 1, avx512 = 2 };
+void matmul(int64_t qtype, const float* x, int64_t m, int64_t k, const uint8_t* w, int64_t n, float* y, Path path);
+void dequantize(int64_t qtype, const uint8_t* w, int64_t rows, int64_t k, float* out, Path path);
+}  // namespace flotilla::q5
+
 namespace {
 
 namespace kquants = flotilla::kquants;
+namespace q5 = flotilla::q5;
 
 constexpr int64_t kBlockWeights = 32;
 constexpr int64_t kSuperWeights = 256;  // the k-quants' blocks
@@ -109,7 +122,9 @@ constexpr int64_t kChunkRows = 8;     // weight rows per unit of a thread's work
 constexpr int64_t kMinParallelRows = 64;
 constexpr int64_t kPrefetchBytes = 2048;
 
-enum class QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };
+enum class QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q5_1 = 7, Q8_0 = 8 };
+
+constexpr bool five_bit(QType q) { return q == QType::Q5_0 || q == QType::Q5_1; }
 
 // offset: the block's integers w (Q8_0's signed bytes, Q4_0's nibble - 8, Q4_1's nibble) plus offset are
 // 0..255, the unsigned form that vpdpbusd takes (Q8_0: the byte XOR 0x80; Q4_0, Q4_1: the nibble)
@@ -128,6 +143,14 @@ template <> struct Layout<QType::Q4_1> {
   static constexpr int64_t bytes = 20, quants_at = 4;
   static constexpr int32_t offset = 0;
   static constexpr bool has_min = true;
+};
+// Q5_0, Q5_1 (q5_blocks.h): their int16 path only (Activations16, tile16_avx2, tile_plain); offset: 16 or 0,
+// subtracted from q (never used in the unsigned form: they have no int8 path)
+template <> struct Layout<QType::Q5_0> : q5::Q5_0Layout {
+  static constexpr int64_t quants_at = qs_at;
+};
+template <> struct Layout<QType::Q5_1> : q5::Q5_1Layout {
+  static constexpr int64_t quants_at = qs_at;
 };
 
 // x rounded per block of 32, for rows of it:
@@ -188,6 +211,8 @@ template <QType Q> INLINE void decode_plain(const uint8_t* block, int8_t w[kBloc
   const uint8_t* quants = block + Layout<Q>::quants_at;
   if constexpr (Q == QType::Q8_0) {
     std::memcpy(w, quants, kBlockWeights);
+  } else if constexpr (five_bit(Q)) {
+    q5::integers_plain<Layout<Q>>(block, w);
   } else {
     for (int64_t j = 0; j < kBlockWeights / 2; ++j) {
       w[j] = static_cast<int8_t>((quants[j] & 15) - Layout<Q>::offset);
@@ -286,7 +311,8 @@ TARGET_AVX2 void tile_avx2(const uint8_t* w_row, const Activations& a, int64_t r
 // ---- int16 activations (Mode::int16, the default on AVX2): x rounded per block of 32 to int16, d_x = amax /
 // 32767, and each activation block times a weight block an exact integer dot product by vpmaddwd (pairs of
 // int16 products summed into int32: at most 2 * 128 * 32767 per lane and step, no overflow):
-//   Q8_0: d_w d_x sum w q,   Q4_0: d_w d_x sum (nibble - 8) q,   Q4_1: d_w d_x sum nibble q + m_w d_x sum q.
+//   Q8_0: d_w d_x sum w q,   Q4_0: d_w d_x sum (nibble - 8) q,   Q4_1: d_w d_x sum nibble q + m_w d_x sum q,
+//   and Q5_0, Q5_1 as Q4_0, Q4_1 with their 5-bit integers (q5_blocks.h; q - 16 for Q5_0).
 // So the result is x' @ dequantize(blocks).T for x' within amax / 65534 of x per element (amax: of its block),
 // plus float rounding: 256 times closer to x than int8's x'. Why: on AVX2 the float path decodes each weight
 // to float (a conversion and an FMA) before its FMA with x, and is bound by those instructions, not by
@@ -336,6 +362,10 @@ template <QType Q> TARGET_AVX2 INLINE void weights16_avx2(const uint8_t* block, 
   if constexpr (Q == QType::Q8_0) {
     first = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(quants)));
     second = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(quants + 16)));
+  } else if constexpr (five_bit(Q)) {
+    const __m256i q = q5::integers_avx2<Layout<Q>>(block);  // q - offset, as bytes in weight order
+    first = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(q));
+    second = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(q, 1));
   } else {
     const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(quants));
     const __m128i low = _mm_set1_epi8(0x0F);
@@ -1067,33 +1097,40 @@ template <QType Q> void run(const at::Tensor& x, const uint8_t* w, at::Tensor& y
   }
 }
 
+// which file's kernels multiply a type: this one's (Q8_0, Q4_0, Q4_1), q5_matmul.cpp's or kquant_matmul.cpp's
+enum class Kernels { here, q5, kquants };
+
 // a type's block: its weights (32, or 256 for the k-quants of kquant_matmul.cpp) and its bytes
 struct BlockShape {
   int64_t weights, bytes;
-  bool kquant() const { return weights == kSuperWeights; }
+  Kernels kernels;
+  bool kquant() const { return kernels == Kernels::kquants; }
 };
 
 BlockShape block_shape(const char* op, int64_t qtype) {
   switch (static_cast<QType>(qtype)) {
-    case QType::Q8_0: return {kBlockWeights, Layout<QType::Q8_0>::bytes};
-    case QType::Q4_0: return {kBlockWeights, Layout<QType::Q4_0>::bytes};
-    case QType::Q4_1: return {kBlockWeights, Layout<QType::Q4_1>::bytes};
+    case QType::Q8_0: return {kBlockWeights, Layout<QType::Q8_0>::bytes, Kernels::here};
+    case QType::Q4_0: return {kBlockWeights, Layout<QType::Q4_0>::bytes, Kernels::here};
+    case QType::Q4_1: return {kBlockWeights, Layout<QType::Q4_1>::bytes, Kernels::here};
+    case QType::Q5_0: return {kBlockWeights, Layout<QType::Q5_0>::bytes, Kernels::q5};
+    case QType::Q5_1: return {kBlockWeights, Layout<QType::Q5_1>::bytes, Kernels::q5};
   }
   const int64_t kquant_bytes = kquants::block_bytes(qtype);
-  TORCH_CHECK(kquant_bytes > 0, op, ": qtype ", qtype, " is none of Q4_0 (2), Q4_1 (3), Q8_0 (8), Q4_K (12), "
-              "Q5_K (13), Q6_K (14)");
-  return {kSuperWeights, kquant_bytes};
+  TORCH_CHECK(kquant_bytes > 0, op, ": qtype ", qtype, " is none of Q4_0 (2), Q4_1 (3), Q5_0 (6), Q5_1 (7), "
+              "Q8_0 (8), Q4_K (12), Q5_K (13), Q6_K (14)");
+  return {kSuperWeights, kquant_bytes, Kernels::kquants};
 }
 
-// the k-quants' path for the instruction set: they have one AVX-512 path (no VNNI variant)
-kquants::Path kquant_path(Isa isa) {
+// the path of the other files' kernels (P: kquants::Path or q5::Path, the same values) for the instruction
+// set: they have one AVX-512 path (no VNNI variant)
+template <typename P> P simd_path(Isa isa) {
   switch (isa) {
     case Isa::avx512_vnni:
-    case Isa::avx512: return kquants::Path::avx512;
-    case Isa::avx2: return kquants::Path::avx2;
+    case Isa::avx512: return P::avx512;
+    case Isa::avx2: return P::avx2;
     case Isa::scalar: break;
   }
-  return kquants::Path::plain;
+  return P::plain;
 }
 
 at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& blocks, int64_t qtype) {
@@ -1114,15 +1151,25 @@ at::Tensor quant_matmul(const at::Tensor& x, const at::Tensor& blocks, int64_t q
   const Isa isa = g_isa.load();
   const Mode mode = g_mode.load();
   const uint8_t* w = blocks.data_ptr<uint8_t>();
-  if (block.kquant()) {  // float activations in either mode (kquant_matmul.cpp)
+  if (block.kernels == Kernels::q5 && effective_mode(mode, isa) == Mode::int16) {  // Q4's int16 path
+    if (qtype == static_cast<int64_t>(QType::Q5_0)) run_int16<QType::Q5_0>(x, w, y, isa);
+    else run_int16<QType::Q5_1>(x, w, y, isa);
+    return y;
+  }
+  if (block.kernels != Kernels::here) {  // float activations in the other modes (kquant_matmul.cpp, q5_matmul.cpp)
     const at::Tensor xc = x.contiguous();
-    kquants::matmul(qtype, xc.data_ptr<float>(), m, k, w, n, y.data_ptr<float>(), kquant_path(isa));
+    if (block.kquant())
+      kquants::matmul(qtype, xc.data_ptr<float>(), m, k, w, n, y.data_ptr<float>(), simd_path<kquants::Path>(isa));
+    else
+      q5::matmul(qtype, xc.data_ptr<float>(), m, k, w, n, y.data_ptr<float>(), simd_path<q5::Path>(isa));
     return y;
   }
   switch (static_cast<QType>(qtype)) {
     case QType::Q8_0: run<QType::Q8_0>(x, w, y, isa, mode); break;
     case QType::Q4_0: run<QType::Q4_0>(x, w, y, isa, mode); break;
     case QType::Q4_1: run<QType::Q4_1>(x, w, y, isa, mode); break;
+    case QType::Q5_0:
+    case QType::Q5_1: break;  // above
   }
   return y;
 }
@@ -1160,7 +1207,12 @@ void dequantize_blocks(const at::Tensor& blocks, int64_t qtype, const at::Tensor
   if (rows == 0 || k == 0) return;
   const Isa isa = g_isa.load();
   if (block.kquant()) {
-    kquants::dequantize(qtype, blocks.data_ptr<uint8_t>(), rows, k, out.data_ptr<float>(), kquant_path(isa));
+    kquants::dequantize(qtype, blocks.data_ptr<uint8_t>(), rows, k, out.data_ptr<float>(),
+                        simd_path<kquants::Path>(isa));
+    return;
+  }
+  if (block.kernels == Kernels::q5) {
+    q5::dequantize(qtype, blocks.data_ptr<uint8_t>(), rows, k, out.data_ptr<float>(), simd_path<q5::Path>(isa));
     return;
   }
   DequantizeRows run_rows = nullptr;
@@ -1168,6 +1220,8 @@ void dequantize_blocks(const at::Tensor& blocks, int64_t qtype, const at::Tensor
     case QType::Q8_0: run_rows = dequantize_rows_for<QType::Q8_0>(isa); break;
     case QType::Q4_0: run_rows = dequantize_rows_for<QType::Q4_0>(isa); break;
     case QType::Q4_1: run_rows = dequantize_rows_for<QType::Q4_1>(isa); break;
+    case QType::Q5_0:
+    case QType::Q5_1: return;  // above
   }
   const uint8_t* w = blocks.data_ptr<uint8_t>();
   float* y = out.data_ptr<float>();
