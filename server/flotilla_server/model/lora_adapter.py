@@ -7,7 +7,9 @@ messages (a 400 naming the field at the API, exit 2 at start), and never leave h
 
 Rules (what is served, as peft computes it: y = W x + scaling * B (A x), unmerged):
 - target modules: each layer's q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj and down_proj (any
-  subset, any layers); the adapter's weights say which, and any other module is refused by name;
+  subset, any layers), or a checkpoint's fused qkv_proj and gate_up_proj (Phi-3: one A and one B over the
+  whole projection; an adapter naming both a fused module and its parts in one layer is refused); the
+  adapter's weights say which, and any other module is refused by name;
 - rank at most MAX_LORA_RANK per module (`r`, or `rank_pattern`'s value for that module);
 - scaling = lora_alpha / r, or lora_alpha / sqrt(r) with `use_rslora` (`alpha_pattern` per module too); it is
   folded into B once, at read, so the product is B' (A x);
@@ -35,6 +37,10 @@ CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 TARGETS = {"q_proj": ("self_attn.qkv_proj", 0), "k_proj": ("self_attn.qkv_proj", 1), "v_proj": ("self_attn.qkv_proj", 2),
            "o_proj": ("self_attn.o_proj", 0), "gate_proj": ("mlp.gate_up_proj", 0), "up_proj": ("mlp.gate_up_proj", 1),
            "down_proj": ("mlp.down_proj", 0)}
+# peft's names for a projection a checkpoint holds fused (Phi-3's qkv_proj and gate_up_proj) -> the runtime's
+# projection: one A and one B over all of its output columns
+FUSED_TARGETS = {"qkv_proj": "self_attn.qkv_proj", "gate_up_proj": "mlp.gate_up_proj"}
+SERVED_MODULES = (*TARGETS, *FUSED_TARGETS)
 _KEY = re.compile(r"(?:base_model\.model\.)?model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.\w+)?\.weight")
 
 
@@ -58,7 +64,7 @@ class LoraModule:
 class LoraAdapter:
     name: str
     source: str
-    modules: dict[tuple[int, str], LoraModule]  # (layer, peft module name: "q_proj", ...)
+    modules: dict[tuple[int, str], LoraModule]  # (layer, peft module name: "q_proj", ..., or "qkv_proj", ...)
 
     @property
     def max_rank(self) -> int:
@@ -70,10 +76,18 @@ class LoraAdapter:
 
 
 def part_sizes(c: ModelConfig) -> dict[str, tuple[int, int]]:
-    """(out, in) of each target module of the base."""
+    """(out, in) of each target module of the base (the parts: a slot holds each part's factors)."""
     q, kv, h, i = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.hidden_size, c.intermediate_size
     return {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q),
             "gate_proj": (i, h), "up_proj": (i, h), "down_proj": (h, i)}
+
+
+def module_sizes(c: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(out, in) of every module an adapter may name: the parts, and the fused projections (their parts' rows)."""
+    sizes = part_sizes(c)
+    fused = {name: (sum(sizes[m][0] for m, (p, _) in TARGETS.items() if p == projection), c.hidden_size)
+             for name, projection in FUSED_TARGETS.items()}
+    return {**sizes, **fused}
 
 
 def read_adapter_config(name: str, path: Path) -> dict:
@@ -103,7 +117,7 @@ def read_adapter_config(name: str, path: Path) -> dict:
     for target in named:
         if any(word in target for word in ("lm_head", "embed_tokens")):
             raise LoraAdapterError(f"LoRA adapter {name!r}: target {target!r} adapts the head or the embedding: "
-                                   f"only {', '.join(TARGETS)} are served")
+                                   f"only {', '.join(SERVED_MODULES)} are served")
     return config
 
 
@@ -125,18 +139,23 @@ def load_adapter(name: str, source: str, base: ModelConfig, max_rank: int = MAX_
     if not weights.is_file():
         raise LoraAdapterError(f"LoRA adapter {name!r}: {weights} not found (adapter_model.bin is not read: save "
                                "the adapter with safe_serialization)")
-    sizes = part_sizes(base)
+    sizes = module_sizes(base)
     factors: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     with safe_open(str(weights), framework="pt", device="cpu") as f:
         for key in f.keys():  # noqa: SIM118 (safe_open is not a mapping)
             match = _KEY.fullmatch(key)
             module = match.group(3) if match else None
-            if match is None or module not in TARGETS:
+            if match is None or module not in SERVED_MODULES:
                 raise LoraAdapterError(f"LoRA adapter {name!r}: weight {key} targets a module that is not served: "
-                                       f"only each layer's {', '.join(TARGETS)}")
+                                       f"only each layer's {', '.join(SERVED_MODULES)}")
             factors.setdefault((int(match.group(1)), module), {})[match.group(4)] = f.get_tensor(key).float()
     if not factors:
         raise LoraAdapterError(f"LoRA adapter {name!r}: {weights} holds no LoRA weights")
+    for layer, fused in {(layer, m) for layer, m in factors if m in FUSED_TARGETS}:
+        parts = [m for m, (projection, _) in TARGETS.items() if projection == FUSED_TARGETS[fused]]
+        if any((layer, part) in factors for part in parts):
+            raise LoraAdapterError(f"LoRA adapter {name!r}: layer {layer} adapts {fused} and its parts "
+                                   f"({', '.join(p for p in parts if (layer, p) in factors)}) both: train one or the other")
     modules = {}
     for (layer, module), ab in sorted(factors.items()):
         where = f"layer {layer} {module}"

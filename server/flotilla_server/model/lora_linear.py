@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
-from .lora_adapter import TARGETS, LoraAdapter, part_sizes
+from .lora_adapter import FUSED_TARGETS, TARGETS, LoraAdapter, part_sizes
 from .native_gemv import native_op
 
 _lora_bgmv = native_op("lora_bgmv")
@@ -77,11 +77,23 @@ class LoraSlots:
         refuse (lora_adapter.load_adapter's cap)."""
         self.clear(slot)
         for (layer, module), factors in adapter.modules.items():
+            if module in FUSED_TARGETS:  # one A for every part, each part its rows of B: B (A x), part by part
+                projection = FUSED_TARGETS[module]
+                for part in range(len(PROJECTION_PARTS[projection])):
+                    self._load_part(slot, layer, projection, part, factors.a, factors.b, factors.rank)
+                continue
             projection, part = TARGETS[module]
-            rank, ends = factors.rank, self.part_ends[projection]
-            begin = 0 if part == 0 else int(ends[part - 1])
-            self.a[(layer, projection)][slot, part * self.max_rank:part * self.max_rank + rank] = factors.a.to(self.dtype)
-            self.b[(layer, projection)][slot, :rank, begin:int(ends[part])] = factors.b.t().to(self.dtype)
+            self._load_part(slot, layer, projection, part, factors.a, factors.b, factors.rank, whole_b=True)
+
+    def _load_part(self, slot: int, layer: int, projection: str, part: int, a: torch.Tensor, b: torch.Tensor,
+                   rank: int, whole_b: bool = False) -> None:
+        """Part `part`'s A rows and B columns of the slot: `b` is that part's [out, rank] (`whole_b`) or the
+        fused projection's, whose rows of the part are taken."""
+        ends = self.part_ends[projection]
+        begin, end = (0 if part == 0 else int(ends[part - 1])), int(ends[part])
+        self.a[(layer, projection)][slot, part * self.max_rank:part * self.max_rank + rank] = a.to(self.dtype)
+        rows = b if whole_b else b[begin:end]
+        self.b[(layer, projection)][slot, :rank, begin:end] = rows.t().to(self.dtype)
 
     def clear(self, slot: int) -> None:
         for t in (*self.a.values(), *self.b.values()):
