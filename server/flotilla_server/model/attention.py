@@ -80,7 +80,7 @@ class AttentionBatch:
     decode_context_lens: torch.Tensor | None = None
     _decode_inputs: tuple | None = None  # (context lens, block tables, block counts, device) of the decode rows
     # window -> (the prefill chunks, the decode groups) with that sliding window's masks, built on first use
-    _windowed: dict = field(default_factory=dict)
+    _windowed: dict = field(default_factory=dict, compare=False)
 
     def groups(self) -> tuple[DecodeGroup, ...]:
         """The decode rows' groups for the torch path, built once."""

@@ -39,7 +39,7 @@ def parameter_count(c: ModelConfig) -> int:
     mlp = 3 * c.hidden_size * c.intermediate_size
     if c.mlp_bias:
         mlp += 2 * c.intermediate_size + c.hidden_size
-    per_layer = attention + mlp + 2 * c.hidden_size  # two RMSNorms
+    per_layer = attention + mlp + (4 if c.sandwich_norms else 2) * c.hidden_size  # RMSNorms: Gemma 3's four
     embeddings = c.vocab_size * c.hidden_size
     head = 0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size
     return embeddings + c.num_layers * per_layer + c.hidden_size + head

@@ -21,6 +21,8 @@ import pytest
 from flotilla_server.model import load_model
 from flotilla_server.model.gguf_file import GGUFModel
 from flotilla_server.model.gguf_tokenizer import tokenizer_from_gguf
+from flotilla_server.model.source import gguf_tensors, source_config
+from flotilla_server.model_cache.footprint import dense_weight_bytes, gguf_weight_bytes
 
 from tests.server.http.server_process import run_server
 
@@ -111,6 +113,9 @@ def test_answers_a_factual_question(gemma3, alone):
     card = httpx.get(f"{gemma3[0].base_url}/v1/models", timeout=10).json()["data"][0]
     assert card["id"] == NAME and card["quantization"] == "gguf:Q4_K+Q5_0+Q6_K+Q8_0"
     assert 0 < card["weight_bytes"] <= 1.3 * gemma3[3].stat().st_size
+    # what a pool charges before loading it (model_cache/footprint.py) is what the server holds
+    assert gguf_weight_bytes(source_config(str(gemma3[3])), gguf_tensors(str(gemma3[3])), "float32", "cpu") == \
+        card["weight_bytes"]
 
 
 def test_greedy_equals_transformers_one_at_a_time(gemma3, alone):
@@ -134,6 +139,7 @@ def test_dequantized_equals_transformers_exactly(gemma3):
     _, reference, tokenizer, path, _ = gemma3
     loaded = load_model(str(path), "float32", "cpu", "none")
     assert loaded.model.quantization() == "none"
+    assert dense_weight_bytes(loaded.config, "float32", "cpu") == loaded.model.weight_bytes()  # the pool's charge
     prompts = [tokenizer.encode(p) for p in PROMPTS]
     # 4 new tokens, prompts whole or in chunks of 8, joining over 2 steps: every float32 step reads 1 GB of weights
     got = paged_greedy(loaded.model, prompts, 4, chunk=8, start_steps=[0, 1] * 4)
