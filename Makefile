@@ -47,9 +47,11 @@ tools: $(HELM)
 $(HELM): scripts/install-helm.sh | $(STAMP)
 	scripts/install-helm.sh $(dir $(HELM))
 
-# model: the GGUF of `make run` and of the SmolLM2 tests; downloads once, then only checks the sha256.
+# model: the GGUFs of `make run` and of the real-model tests (SmolLM2, Gemma 3 270M: docs/models.md); downloads
+# once, then only checks the sha256s.
 model: setup
 	$(PY) scripts/fetch_smollm2.py >/dev/null
+	$(PY) scripts/fetch_gemma3.py >/dev/null
 
 # The KV pool is the default, safe on a shared machine by itself: with no memory limit, at most a quarter
 # of MemAvailable and 1 GiB (about 23,000 tokens at 45 KiB a token; docs/serving.md, "KV cache"), so a

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from flotilla_server.model.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS, build_byte_bpe
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3")
 VOCAB_SIZE = 384
 BOS_ID, EOS_ID = 380, 381  # "<s>", "</s>" in the tokenizer below
 
@@ -51,6 +51,10 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "mistral": {"sliding_window": None},
     "qwen2": {},  # q/k/v biases are built in
     "qwen3": {"head_dim": 32},  # explicit head_dim != hidden / heads
+    # sliding layers around a global one, a window the tests' prompts outrun, a score scale != head_dim ** -0.5
+    "gemma3_text": {"head_dim": 32, "num_hidden_layers": 3, "sliding_window": 16, "query_pre_attn_scalar": 24,
+                    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]},
+    "phi3": {},  # Q/K/V and gate/up fused in the checkpoint (qkv_proj, gate_up_proj), no biases
 }
 
 
@@ -62,6 +66,8 @@ def _config_class(arch: str) -> type:
         "mistral": transformers.MistralConfig,
         "qwen2": transformers.Qwen2Config,
         "qwen3": transformers.Qwen3Config,
+        "gemma3_text": transformers.Gemma3TextConfig,
+        "phi3": transformers.Phi3Config,
     }
     if arch not in classes:
         raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")

@@ -16,12 +16,17 @@ step's layout (slot of each new token, block indices to gather, masks) is comput
   dimension (all heads of a group read the same keys);
 - prefill chunks run one SDPA each; a chunk shorter than its keys uses a lower-right-aligned causal
   mask (query i sits at position `context_len - query_len + i` and sees keys up to there).
+
+A sliding-window layer (Gemma 3's local layers: `window` > 0) sees only each query's `window` latest keys,
+itself included. Every key stays in the pool (a sequence's blocks are shared by all its layers, and by the
+prefix cache), so a window is a mask: built once per step and window, and only where some query's context
+is longer than the window (below that the window cuts nothing, and the unmasked paths above run as they are).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -74,6 +79,8 @@ class AttentionBatch:
     decode_tables: torch.Tensor | None = None
     decode_context_lens: torch.Tensor | None = None
     _decode_inputs: tuple | None = None  # (context lens, block tables, block counts, device) of the decode rows
+    # window -> (the prefill chunks, the decode groups) with that sliding window's masks, built on first use
+    _windowed: dict = field(default_factory=dict)
 
     def groups(self) -> tuple[DecodeGroup, ...]:
         """The decode rows' groups for the torch path, built once."""
@@ -81,6 +88,23 @@ class AttentionBatch:
             object.__setattr__(self, "decode_groups", _decode_groups(*self._decode_inputs, self.block_size)
                                if self._decode_inputs is not None else ())
         return self.decode_groups
+
+    def windowed(self, window: int) -> tuple[tuple[PrefillChunk, ...], tuple[DecodeGroup, ...] | None]:
+        """The prefill chunks and the decode groups as a layer with a sliding window of `window` keys sees them:
+        a chunk or group whose contexts all fit in the window is returned as it is; decode groups are None
+        where no decode row's context exceeds the window (the unwindowed decode paths then apply)."""
+        if self._decode_inputs is None and self.decode_groups:
+            # a captured decode step's static groups (engine/decode_graphs.py): their masks change between
+            # replays, so the windowed ones are recomputed from them each time, by tensor ops a graph records
+            return self.prefills, tuple(_windowed_group(g, window) for g in self.decode_groups)
+        if window not in self._windowed:
+            chunks = tuple(_windowed_chunk(p, window, self.slot_mapping.device) for p in self.prefills)
+            d_ctx = self._decode_inputs[0] if self._decode_inputs is not None else []
+            groups = None
+            if any(c > window for c in d_ctx):
+                groups = tuple(_windowed_group(g, window) for g in self.groups())
+            self._windowed[window] = (chunks, groups)
+        return self._windowed[window]
 
     @classmethod
     def build(
@@ -179,6 +203,26 @@ def _decode_groups(d_ctx: list[int], d_tables: list[Sequence[int]], n_blocks: li
     return tuple(groups)
 
 
+def _windowed_chunk(p: PrefillChunk, window: int, device: torch.device) -> PrefillChunk:
+    """Chunk `p` as a layer with a sliding window of `window` keys sees it: query at position i attends to keys
+    (i - window, i] (transformers' sliding_window_overlay), so its mask is causal and banded."""
+    if p.context_len <= window:
+        return p
+    q_pos = torch.arange(p.context_len - (p.token_end - p.token_start), p.context_len).unsqueeze(1)
+    keys = torch.arange(p.context_len).unsqueeze(0)
+    mask = (keys <= q_pos) & (keys > q_pos - window)
+    return PrefillChunk(p.token_start, p.token_end, p.context_len, p.block_ids, mask.to(device))
+
+
+def _windowed_group(g: DecodeGroup, window: int) -> DecodeGroup:
+    """Decode group `g` with each row's keys limited to its `window` latest: the row's mask keeps positions
+    [context_len - window, context_len)."""
+    context_lens = g.mask.view(g.num_seqs, -1).sum(-1, keepdim=True)  # each row's mask is its first positions
+    positions = torch.arange(g.mask.shape[-1], device=g.mask.device).unsqueeze(0)
+    mask = g.mask & (positions >= context_lens - window).view(g.mask.shape)
+    return DecodeGroup(g.rows, g.num_seqs, g.block_ids, mask, context_len=None)
+
+
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -187,17 +231,20 @@ def paged_attention(
     layer: int,
     batch: AttentionBatch,
     scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     """q: [T, heads, head_dim]; k, v: this step's new rows [T, kv_heads, head_dim], already written to
-    layer `layer` of `kv`. Returns [T, heads, head_dim]."""
+    layer `layer` of `kv`; `window` > 0: each query sees only its `window` latest keys. Returns
+    [T, heads, head_dim]."""
     _, num_heads, head_dim = q.shape
     kv_heads = kv.k[layer].shape[1]
     group = num_heads // kv_heads
-    if not batch.prefills:
-        return _decode_rows(q, kv, layer, batch, group, scale)
+    prefills, windowed_groups = batch.windowed(window) if window else (batch.prefills, None)
+    if not prefills:
+        return _decode_rows(q, kv, layer, batch, group, scale, windowed_groups)
 
     out = torch.empty_like(q)
-    for p in batch.prefills:
+    for p in prefills:
         qs = q[p.token_start:p.token_end].transpose(0, 1)  # [heads, L, d]
         if p.block_ids is None:
             ks = k[p.token_start:p.token_end].transpose(0, 1)
@@ -214,19 +261,24 @@ def paged_attention(
         )
         out[p.token_start:p.token_end] = o[0].transpose(0, 1)
     if batch.decode_start < batch.num_tokens:
-        out[batch.decode_start:] = _decode_rows(q[batch.decode_start:], kv, layer, batch, group, scale)
+        out[batch.decode_start:] = _decode_rows(q[batch.decode_start:], kv, layer, batch, group, scale,
+                                                windowed_groups)
     return out
 
 
 def _decode_rows(
-    q: torch.Tensor, kv: KVCacheTensors, layer: int, batch: AttentionBatch, group: int, scale: float
+    q: torch.Tensor, kv: KVCacheTensors, layer: int, batch: AttentionBatch, group: int, scale: float,
+    windowed_groups: tuple[DecodeGroup, ...] | None = None,
 ) -> torch.Tensor:
-    """q: [D, heads, head_dim], the decode rows in step order. Returns [D, heads, head_dim]."""
+    """q: [D, heads, head_dim], the decode rows in step order; `windowed_groups`: the rows' groups with a
+    sliding window's masks (AttentionBatch.windowed), where a window cuts some row's keys. Returns
+    [D, heads, head_dim]."""
     heads_dense = q.stride(-1) == 1 and q.stride(1) == q.shape[2]  # the native op reads heads side by side
-    if batch.decode_tables is not None and decode_ops.native_for(q) and heads_dense:
+    if (windowed_groups is None and batch.decode_tables is not None and decode_ops.native_for(q)
+            and heads_dense):
         return decode_ops.paged_decode_attention(q, kv.k[layer], kv.v[layer], batch.decode_tables,
                                                  batch.decode_context_lens, batch.block_size, scale)
-    groups = batch.groups()
+    groups = batch.groups() if windowed_groups is None else windowed_groups
     if len(groups) == 1 and groups[0].rows is None:
         return _decode(q, kv, layer, groups[0], group, scale)
     out = torch.empty_like(q)

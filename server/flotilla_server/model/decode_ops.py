@@ -14,7 +14,8 @@ matmuls that way (docs/architecture.md, model/llama.py).
   native kernel when `native_for` its input, else its torch fallback (the same math up to float rounding;
   `rope_kv_write`'s rotation has torch's bits on either path). `native.decode_attention` is rope_kv_write and
   paged_decode_attention in one call, for a decode step (model/llama.py; no fallback of its own: the caller
-  runs the two). `rotate_half` is the torch rotation (model/llama.py's other dtypes and Qwen3's QK norm).
+  runs the two). `rotate_half` is the torch rotation (model/llama.py's other dtypes, Qwen3's QK norm and Phi's
+  partial rotary).
 """
 
 from __future__ import annotations
@@ -60,7 +61,11 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def rotate_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x * cos + rotate_half(x) * sin, over x's last dimension (heads of d)."""
+    """x * cos + rotate_half(x) * sin, over x's last dimension (heads of d); where cos and sin are narrower
+    (partial rotary), over its first cos.shape[-1] dims, the rest passed through (transformers' Phi-3)."""
+    rotary = cos.shape[-1]
+    if rotary < x.shape[-1]:
+        return torch.cat((rotate_half(x[..., :rotary], cos, sin), x[..., rotary:]), dim=-1)
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin

@@ -1,9 +1,11 @@
-"""load_gguf: a llama.cpp `.gguf` file (architecture llama, qwen2 or qwen3) to a ready DecoderModel.
+"""load_gguf: a llama.cpp `.gguf` file (architecture llama, qwen2, qwen3, gemma3 or phi3) to a ready DecoderModel.
 
 GGUF is how llama.cpp and Ollama users hold their models: one file with the weights (often
 quantized), the config as `{architecture}.*` metadata and the tokenizer as `tokenizer.ggml.*` metadata.
-The three architectures are one decoder here (model/llama.py): Qwen2 adds Q/K/V biases, Qwen3 Q/K norms,
-and only llama.cpp's `llama` conversion permutes the Q and K rows (its other converters keep Hugging Face's).
+The architectures are one decoder here (model/llama.py): Qwen2 adds Q/K/V biases, Qwen3 Q/K norms, Gemma 3
+its four norms a layer (whose weights llama.cpp's converter stored as 1 + weight), phi3 holds Q/K/V and
+gate/up fused as the runtime does (`attn_qkv`, `ffn_up`), and only llama.cpp's `llama` conversion permutes
+the Q and K rows (its other converters keep Hugging Face's).
 
 With `quantization="gguf"` (the default for a GGUF on CPU) every projection and the token embedding whose
 type has a kernel (gguf_meta.BLOCK_KERNEL_TYPES) keep the file's blocks (quant_linear.py); the rest (the
@@ -31,10 +33,12 @@ from .config import ModelConfig, UnsupportedModelError
 from .gguf_file import GGUFModel, TensorInfo
 from .gguf_meta import (
     BLOCK_KERNEL_TYPES,
-    PROJECTION_PARTS,
+    ROPE_FACTORS_LONG,
+    ROPE_FACTORS_SHORT,
     ROPE_FREQS,
     SUPPORTED_TYPES,
     is_gguf,
+    projection_parts,
     read_gguf,
     served_name,
 )
@@ -62,11 +66,20 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
-    "attn_q_norm": "self_attn.q_norm",  # Qwen3
+    "attn_q_norm": "self_attn.q_norm",  # Qwen3, Gemma 3
     "attn_k_norm": "self_attn.k_norm",
+    "attn_qkv": "self_attn.qkv_proj",  # phi3: Q, K and V rows in one tensor, the runtime's fused layout
+}
+# per architecture, the layer tensors whose names differ from Llama's: Gemma 3's norms around both sublayers
+# (llama.cpp's `ffn_norm` is the MLP's input norm, as in Llama, which Gemma's transformers code calls
+# pre_feedforward_layernorm); phi3's ffn_up, gate rows then up rows
+_ARCH_LAYER_NAMES = {
+    "gemma3": {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm"},
+    "phi3": {"ffn_up": "mlp.gate_up_proj"},
 }
 # tensors the config already holds (gguf_meta.rope_scaling), not weights
-_CONFIG_TENSORS = frozenset({ROPE_FREQS})
+_CONFIG_TENSORS = frozenset({ROPE_FREQS, ROPE_FACTORS_SHORT, ROPE_FACTORS_LONG})
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
@@ -106,7 +119,7 @@ def keep_blocks(net: DecoderModel, gg: GGUFModel, config: ModelConfig, torch_typ
         net.lm_head = QuantizedLinear(config.hidden_size, [(_blocks(head), head.type_id)], dtype=torch_type)
         kept.add(head.name)
     for i, layer in enumerate(net.layers):
-        for target, parts in PROJECTION_PARTS.items():
+        for target, parts in projection_parts(gg.architecture, by_name).items():
             tensors = [by_name[f"blk.{i}.{part}.weight"] for part in parts]
             if any(t.type_id not in BLOCK_KERNEL_TYPES for t in tensors):
                 continue
@@ -146,6 +159,8 @@ def _hf_tensors(gg: GGUFModel, config: ModelConfig, skip: set[str] = frozenset()
         heads = _heads_of(t.name, config)
         if heads is not None:
             weights = _unpermute(weights, heads)
+        if config.norm_weight_offset and t.name.endswith("norm.weight"):
+            weights = weights - np.float32(config.norm_weight_offset)  # the file holds offset + weight
         yield name, torch.from_numpy(np.array(weights, dtype=np.float32))  # a copy: the file is mapped read-only
 
 
@@ -153,11 +168,12 @@ def _hf_name(name: str, architecture: str) -> str:
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
     m = _LAYER_TENSOR.fullmatch(name)
-    if m is None or m.group(2) not in _LAYER_NAMES:
+    names = {**_LAYER_NAMES, **_ARCH_LAYER_NAMES.get(architecture, {})}
+    if m is None or m.group(2) not in names:
         raise UnsupportedModelError(f"GGUF tensor {name!r} is not part of a {architecture} model as Flotilla runs it: "
                                     "the file does not match its architecture")
     layer, part, kind = m.groups()
-    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+    return f"model.layers.{layer}.{names[part]}.{kind}"
 
 
 def _unpermute(weights: np.ndarray, num_heads: int) -> np.ndarray:

@@ -1,11 +1,15 @@
-"""DecoderModel: the Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) in plain PyTorch.
+"""DecoderModel: the Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, Gemma 3, Phi-3/Phi-4) in plain PyTorch.
 
 One forward pass takes the flat tokens of a whole step (prefill chunks and decode rows of many
 sequences) and reads/writes the paged KV pool; it has no per-token Python loop. Q/K/V and gate/up
 projections are fused into one matmul each; `load_hf_state_dict` maps Hugging Face weight names onto
 the fused layout. float32 on CPU (grad disabled, kernels built), the ops between the matmuls are native
 (model/decode_ops.py): a residual add and the next norm in one op, RoPE with the K/V write in another, a
-decode step's attention in one with them; other dtypes and devices run the same math in torch ops.
+decode step's attention in one with them; other dtypes and devices run the same math in torch ops, and so
+do Qwen3's QK norm and Phi's partial rotary (the native ops rotate whole heads, with no norm before).
+Gemma 3 is the same decoder with what its config sets (config.py): norms after each sublayer too, scaling
+by 1 + weight, a tanh GELU, scaled embeddings, and sliding-window layers with their own RoPE base; it runs
+the torch ops (its QK norms already keep it off the fused native attention).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import math
 from collections.abc import Iterable
 
 import torch
+import torch.nn.functional as F
 from gguf import GGMLQuantizationType
 from torch import nn
 
@@ -24,16 +29,21 @@ from .fp8_weights import Fp8Linear
 from .kv_tensors import KVCacheTensors
 from .linear import Linear, PackedWeight, linear, packs
 from .quant_linear import Int8Embedding, Int8Linear, QuantizedEmbedding, QuantizedLinear
-from .rope import inverse_frequencies, rope_cos_sin
+from .rope import inverse_frequencies, longrope_cos_sin, rope_cos_sin
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    def __init__(self, dim: int, eps: float, weight_offset: float = 0.0) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.weight_offset = weight_offset  # Gemma: 1.0, the scale is 1 + weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight_offset:  # Gemma: normalised and scaled in float32, then cast (as transformers does)
+            h = x.float()
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+            return (h * (self.weight_offset + self.weight.float())).type_as(x)
         if x.dtype == torch.float32:  # one fused op (native or F.rms_norm): the same math as below
             return decode_ops.rms_norm(x, self.weight, self.eps)
         # normalise in float32, scale in the model dtype (as transformers does)
@@ -43,16 +53,19 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         self.num_heads, self.kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.rotary_dim = cfg.rotary_dim  # under head_dim: the rest of each head passes unrotated
         q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.split = (q_size, kv_size, kv_size)
         self.qkv_proj = Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=cfg.qkv_bias)
         self.o_proj = Linear(q_size, cfg.hidden_size, bias=cfg.o_bias)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.scale = 1.0 / math.sqrt(cfg.head_dim)
+        offset = cfg.norm_weight_offset
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, offset) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, offset) if cfg.qk_norm else None
+        self.scale = cfg.attention_scale if cfg.attention_scale is not None else 1.0 / math.sqrt(cfg.head_dim)
+        self.window = cfg.window(layer)  # 0: global attention
 
     def forward(
         self,
@@ -65,7 +78,8 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         qkv = self.qkv_proj.forward(x)
-        if self.q_norm is None and decode_ops.native_for(qkv) and qkv.is_contiguous():
+        if (self.q_norm is None and not self.window and self.rotary_dim == self.head_dim and decode_ops.native_for(qkv)
+                and qkv.is_contiguous()):
             ops = decode_ops.native
             if not batch.prefills and batch.decode_tables is not None:
                 # a decode step: RoPE, the KV write and attention over the pools in one native op
@@ -93,7 +107,7 @@ class Attention(nn.Module):
                                         cos, sin)
             q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         kv.write(layer, batch.slot_mapping, k, v)
-        o = paged_attention(q, k, v, kv, layer, batch, self.scale)
+        o = paged_attention(q, k, v, kv, layer, batch, self.scale, self.window)
         return self.o_proj(o.reshape(num_tokens, -1))
 
 
@@ -102,18 +116,31 @@ class MLP(nn.Module):
         super().__init__()
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+        self.gelu = cfg.hidden_act == "gelu_pytorch_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(decode_ops.silu_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj(x)
+        if self.gelu:
+            gate, up = gate_up.chunk(2, dim=-1)
+            return self.down_proj(F.gelu(gate, approximate="tanh") * up)
+        return self.down_proj(decode_ops.silu_mul(gate_up))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    """Llama's layer: x + attn(norm(x)), then x + mlp(norm(x)), where `post_attention_layernorm` is the MLP's
+    input norm. With sandwich norms (Gemma 3) the names are Gemma's: `post_attention_layernorm` norms the
+    attention's output, `pre_feedforward_layernorm` the MLP's input and `post_feedforward_layernorm` its output."""
+
+    def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(cfg, layer)
         self.mlp = MLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        offset = cfg.norm_weight_offset
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
+        if cfg.sandwich_norms:
+            self.pre_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
+            self.post_feedforward_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
 
 
 class DecoderModel(nn.Module):
@@ -124,12 +151,13 @@ class DecoderModel(nn.Module):
         # the meta device goes through torch._refs, which imports torch._dynamo (~3 s of CPU) in every process
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size,
                                          _weight=torch.empty(config.vocab_size, config.hidden_size))
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_weight_offset)
         self.lm_head = None if config.tie_word_embeddings else Linear(
             config.hidden_size, config.vocab_size, bias=False
         )
-        self._inv_freq: torch.Tensor | None = None  # float32, moved lazily to the weights' device
+        self._inv_freq: dict[bool, torch.Tensor] = {}  # float32 by `long` (LongRoPE's 2nd set), on the weights' device
+        self._local_inv_freq: torch.Tensor | None = None  # the sliding layers' (Gemma 3), likewise
         self._logits_weight = PackedWeight()  # the head's packed weight (the embedding's when tied)
 
     @property
@@ -137,12 +165,33 @@ class DecoderModel(nn.Module):
         """The activations' and KV cache's dtype (`--dtype`): the norms', which are never quantized."""
         return self.norm.weight.dtype
 
-    def _inverse_frequencies(self) -> torch.Tensor:
+    def _inverse_frequencies(self, long: bool = False) -> torch.Tensor:
         device = self.norm.weight.device
-        if self._inv_freq is None or self._inv_freq.device != device:
+        inv_freq = self._inv_freq.get(long)
+        if inv_freq is None or inv_freq.device != device:
             cfg = self.config
-            self._inv_freq = inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling).to(device)
-        return self._inv_freq
+            inv_freq = inverse_frequencies(cfg.rotary_dim, cfg.rope_theta, cfg.rope_scaling, long).to(device)
+            self._inv_freq[long] = inv_freq
+        return inv_freq
+
+    def _cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, 1, rotary_dim] of the step's positions (broadcast over heads); LongRoPE's by
+        rope.py's rule, per token by position."""
+        scaling = self.config.rope_scaling
+        if scaling is not None and scaling.rope_type == "longrope":
+            cos, sin = longrope_cos_sin(positions, self._inverse_frequencies(), self._inverse_frequencies(long=True),
+                                        scaling, self.compute_dtype)
+        else:
+            cos, sin = rope_cos_sin(positions, self._inverse_frequencies(), self.compute_dtype)
+        return cos.unsqueeze(1), sin.unsqueeze(1)
+
+    def _local_inverse_frequencies(self) -> torch.Tensor:
+        """The sliding layers' frequencies: their own base, never scaled (Gemma 3's local RoPE)."""
+        device = self.norm.weight.device
+        if self._local_inv_freq is None or self._local_inv_freq.device != device:
+            cfg = self.config
+            self._local_inv_freq = inverse_frequencies(cfg.head_dim, cfg.local_rope_theta, None).to(device)
+        return self._local_inv_freq
 
     def forward(
         self,
@@ -153,14 +202,33 @@ class DecoderModel(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions: [T] for the step's flat tokens. Returns the final-norm hidden states
         [T, hidden]; pick the rows to sample and pass them to `compute_logits`."""
-        cos, sin = rope_cos_sin(positions, self._inverse_frequencies(), self.compute_dtype)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [T, 1, head_dim], broadcast over heads
+        cos, sin = self._cos_sin(positions)
         h = self.embed_tokens(input_ids)
+        if self.config.sandwich_norms:
+            return self._sandwich_layers(h, positions, cos, sin, batch, kv)
         if decode_ops.native_for(h):
             return self._native_layers(h, cos, sin, batch, kv)
         for i, layer in enumerate(self.layers):
             h = h + layer.self_attn(layer.input_layernorm(h), cos, sin, batch, kv, i)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.norm(h)
+
+    def _sandwich_layers(self, h: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         batch: AttentionBatch, kv: KVCacheTensors) -> torch.Tensor:
+        """Gemma 3's layer loop: embeddings scaled, each sublayer's output normed before its residual add, and
+        the sliding layers rotated by their own RoPE base."""
+        cfg = self.config
+        if cfg.embedding_scale is not None:  # the scale in the model dtype, as transformers multiplies it
+            h = h * torch.tensor(cfg.embedding_scale, dtype=torch.float32).to(h.dtype)
+        local = (cos, sin)
+        if cfg.local_rope_theta is not None and any(cfg.layer_windows):
+            local_cos, local_sin = rope_cos_sin(positions, self._local_inverse_frequencies(), self.compute_dtype)
+            local = (local_cos.unsqueeze(1), local_sin.unsqueeze(1))
+        for i, layer in enumerate(self.layers):
+            layer_cos, layer_sin = local if cfg.window(i) else (cos, sin)
+            attn = layer.self_attn(layer.input_layernorm(h), layer_cos, layer_sin, batch, kv, i)
+            h = h + layer.post_attention_layernorm(attn)
+            h = h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
         return self.norm(h)
 
     def _native_layers(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: AttentionBatch,
@@ -183,7 +251,13 @@ class DecoderModel(nn.Module):
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [N, hidden] rows of `forward`'s output. Returns float32 logits [N, vocab]."""
+        """hidden: [N, hidden] rows of `forward`'s output. Returns float32 logits [N, vocab], soft-capped where
+        the config says so (cap * tanh(logits / cap))."""
+        logits = self._head(hidden)
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is None and isinstance(self.embed_tokens, (QuantizedEmbedding, Int8Embedding)):
             return self.embed_tokens.logits(hidden)
         if isinstance(self.lm_head, (QuantizedLinear, Int8Linear)):

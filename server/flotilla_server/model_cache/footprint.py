@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from flotilla_server.model.config import ModelConfig
-from flotilla_server.model.gguf_meta import BLOCK_KERNEL_TYPES, PROJECTION_PARTS
+from flotilla_server.model.gguf_meta import BLOCK_KERNEL_TYPES, projection_parts
 from flotilla_server.model.source import HeldTensor, int8_layers
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -77,7 +77,7 @@ def gguf_weight_bytes(c: ModelConfig, tensors: Mapping[str, HeldTensor], dtype: 
     if "output.weight" in tensors:
         swap(["output.weight"])
     for layer in range(c.num_layers):
-        for parts in PROJECTION_PARTS.values():
+        for parts in projection_parts(c.model_type, tensors).values():
             swap([f"blk.{layer}.{part}.weight" for part in parts])
     return total
 

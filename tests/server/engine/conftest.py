@@ -24,6 +24,13 @@ ARCH_CASES = {
     "mistral": ("mistral", {"num_key_value_heads": 1}),
     "qwen2": ("qwen2", {"tie_word_embeddings": True}),
     "qwen3": ("qwen3", {"tie_word_embeddings": True}),
+    "gemma3": ("gemma3_text", {"tie_word_embeddings": True}),
+    # Phi-4-mini's shape: LongRoPE over half of each head (4 frequencies); sequences here stay under 512, the
+    # short factors' range, where the runtime's rule is transformers'
+    "phi3": ("phi3", {"partial_rotary_factor": 0.5, "max_position_embeddings": 2048,
+                      "original_max_position_embeddings": 512,
+                      "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
+                                          "short_factor": [1.0, 1.2, 1.6, 2.4], "long_factor": [1.0, 3.0, 9.0, 27.0]}}),
 }
 
 

@@ -16,6 +16,12 @@ from tests.support.hf_models import make_hf_model_dir
 
 DEVICE = os.environ.get("FLOTILLA_TEST_DEVICE", "cpu")
 
+# LongRoPE's factors for head_dim 16 (8 frequencies); original length 512 and max_position_embeddings 2048
+# give the default attention factor sqrt(1 + ln 4 / ln 512)
+PHI3_LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0,
+                 "short_factor": [1.0, 1.05, 1.1, 1.3, 1.6, 2.0, 2.5, 3.0],
+                 "long_factor": [1.0, 1.5, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]}
+
 # name -> (arch, overrides): every architecture, with grouped-query attention, tied embeddings, sharding
 VARIANTS = {
     "llama-gqa": ("llama", {}),
@@ -23,6 +29,13 @@ VARIANTS = {
     "mistral-gqa": ("mistral", {"num_key_value_heads": 1}),
     "qwen2-bias-tied": ("qwen2", {"tie_word_embeddings": True}),
     "qwen3-qknorm-sharded": ("qwen3", {"max_shard_size": "100KB"}),
+    "gemma3-sliding-tied": ("gemma3_text", {"tie_word_embeddings": True}),
+    # Phi-3/4: half of each head rotated, tied, a sliding window wider than every test sequence
+    "phi3-partial-tied-window": ("phi3", {"partial_rotary_factor": 0.5, "tie_word_embeddings": True,
+                                          "sliding_window": 512}),
+    # Phi-3.5-mini's shape: LongRoPE over whole heads; every test sequence is under 512 (the short factors)
+    "phi3-longrope": ("phi3", {"max_position_embeddings": 2048, "original_max_position_embeddings": 512,
+                               "rope_parameters": PHI3_LONGROPE}),
 }
 
 

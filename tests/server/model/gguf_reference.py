@@ -48,7 +48,7 @@ def load_reference(path: Path, num_layers: int, arch: str = "llama") -> Referenc
     with torch.device("meta"):
         names_only = model_class(config_class(num_hidden_layers=num_layers, hidden_size=64, intermediate_size=64,
                                               num_attention_heads=1, num_key_value_heads=1, vocab_size=8,
-                                              head_dim=64))
+                                              head_dim=64, pad_token_id=None))  # Phi3Config's default: 32000
     name_map = gguf.get_tensor_name_map
     gguf.get_tensor_name_map = functools.cache(name_map)
     try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from flotilla_server.model.config import ModelConfig, RopeScaling, UnsupportedModelError
 
@@ -9,6 +11,8 @@ BASE = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "num_hid
         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512}
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
+# head_dim 16 at partial_rotary_factor 0.75: 12 rotary dims, 6 frequencies
+PHI4_MINI_ROPE = {"type": "longrope", "short_factor": [1.0, 1.1, 1.2, 1.3, 1.4, 1.5], "long_factor": [2.0] * 6}
 
 
 def cfg(**kw) -> ModelConfig:
@@ -61,11 +65,53 @@ def test_eos_list_and_tied_embeddings():
     assert c.eos_token_ids == (128001, 128009) and c.tie_word_embeddings
 
 
+def test_phi3_config_as_phi4_mini_writes_it():
+    """transformers 4 style: partial_rotary_factor and original_max_position_embeddings at the top level."""
+    c = cfg(model_type="phi3", partial_rotary_factor=0.75, max_position_embeddings=131072, sliding_window=262144,
+            original_max_position_embeddings=4096, rope_theta=10000.0, rope_scaling=PHI4_MINI_ROPE,
+            tie_word_embeddings=True, attention_bias=True)
+    assert (c.rotary_dim, c.head_dim, c.max_position_embeddings, c.tie_word_embeddings) == (12, 16, 131072, True)
+    assert (c.qkv_bias, c.o_bias, c.mlp_bias, c.qk_norm) == (False, False, False, False)  # Phi-3 has no biases
+    s = c.rope_scaling
+    assert (s.rope_type, s.factor, s.original_max_position_embeddings) == ("longrope", 32.0, 4096)
+    assert s.short_factor == tuple(PHI4_MINI_ROPE["short_factor"]) and s.long_factor == (2.0,) * 6
+    assert s.attention_factor == math.sqrt(1 + math.log(32) / math.log(4096))  # Phi-4-mini's GGUF: 1.190238
+
+
+def test_phi3_longrope_in_transformers_5_style_with_its_own_factors():
+    rope = {"rope_type": "longrope", "rope_theta": 250000.0, "partial_rotary_factor": 0.5, "factor": 2.0,
+            "attention_factor": 1.25, "original_max_position_embeddings": 256, "short_factor": [1.0] * 4,
+            "long_factor": [3.0] * 4}
+    c = cfg(model_type="phi3", rope_parameters=rope)
+    assert (c.rotary_dim, c.rope_theta) == (8, 250000.0)
+    assert c.rope_scaling == RopeScaling("longrope", 2.0, original_max_position_embeddings=256,
+                                         short_factor=(1.0,) * 4, long_factor=(3.0,) * 4, attention_factor=1.25)
+
+
+@pytest.mark.parametrize("legacy", ["su", "yarn"])
+def test_phi3_legacy_rope_types_are_longrope_as_transformers_reads_them(legacy):
+    c = cfg(model_type="phi3", original_max_position_embeddings=512,
+            rope_scaling={"type": legacy, "short_factor": [1.0] * 8, "long_factor": [4.0] * 8})
+    assert c.rope_scaling.rope_type == "longrope" and c.rope_scaling.attention_factor == 1.0  # 512 / 512: no factor
+
+
+def test_phi3_without_rope_scaling_rotates_whole_heads():
+    c = cfg(model_type="phi3", rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                "partial_rotary_factor": 1.0})
+    assert c.rope_scaling is None and c.rotary_dim == c.head_dim == 16
+
+
+def test_other_families_rotate_whole_heads_whatever_partial_rotary_factor_says():
+    assert cfg(model_type="llama", partial_rotary_factor=0.5).rotary_dim == 16  # transformers' Llama ignores it
+
+
 @pytest.mark.parametrize(("extra", "limit"), [
     ({"model_type": "mistral", "sliding_window": 128}, 128),
     ({"model_type": "mistral", "sliding_window": None}, 512),
     ({"model_type": "qwen2", "sliding_window": 128, "use_sliding_window": False}, 512),
     ({"model_type": "qwen2", "sliding_window": 128, "use_sliding_window": True}, 128),
+    ({"model_type": "phi3", "sliding_window": 128}, 128),  # Phi-3-mini-4k: a window of 2047 in 4096 positions
+    ({"model_type": "phi3", "sliding_window": None}, 512),
 ])
 def test_active_sliding_window_caps_the_context(extra, limit):
     assert cfg(**extra).max_position_embeddings == limit
@@ -78,7 +124,46 @@ def test_active_sliding_window_caps_the_context(extra, limit):
     ({"model_type": "llama", "hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
     ({"model_type": "llama", "num_key_value_heads": 3}, "multiple of num_key_value_heads"),
+    ({"model_type": "gemma3", "text_config": {}}, "holds a SigLIP vision tower .vision_config. and a multi_modal_projector"),
+    ({"model_type": "gemma3_text", "attn_logit_softcapping": 50.0}, "attn_logit_softcapping 50.0 is not supported"),
+    ({"model_type": "gemma3_text", "hidden_activation": "relu", "sliding_window": 4}, "hidden activation 'relu' is not supported"),
+    ({"model_type": "gemma3_text", "layer_types": ["chunked_attention"] * 2}, "must name full_attention or sliding"),
+    ({"model_type": "gemma3_text", "sliding_window": None}, "sliding_window must be >= 1"),
+    ({"model_type": "phi3", "hidden_act": "gelu_new"}, "hidden_act 'gelu_new' is not supported: only 'silu' is"),
+    ({"model_type": "phi3", "architectures": ["Phi3ForSequenceClassification"]}, "expected Phi3ForCausalLM"),
+    ({"model_type": "phi3", "rope_scaling": LLAMA3_ROPE},
+     "rope_type 'llama3' is not supported for model_type 'phi3': use one of default, longrope"),
+    ({"model_type": "phi3", "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 8}},
+     "longrope RoPE scaling needs long_factor, original_max_position_embeddings in config.json"),
+    ({"model_type": "phi3", "original_max_position_embeddings": 64,
+      "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 7, "long_factor": [1.0] * 8}},
+     r"longrope short_factor must be 8 positive numbers \(one per rotary frequency\), got 7 values"),
+    ({"model_type": "phi3", "partial_rotary_factor": 0.3125},
+     r"RoPE must rotate an even number of dimensions from 2 to head_dim \(16\), got 5"),
 ])
 def test_unsupported_configs_say_what_to_change(extra, message):
     with pytest.raises(UnsupportedModelError, match=message):
         cfg(**extra)
+
+
+GEMMA3 = {**BASE, "model_type": "gemma3_text", "num_hidden_layers": 7, "head_dim": 32, "sliding_window": 512,
+          "query_pre_attn_scalar": 256}
+
+
+def test_gemma3_in_transformers_v4_style():
+    """The hub's Gemma 3 config.json: top-level RoPE bases, rope_scaling for the global layers only, and (without
+    layer_types) every sixth layer global."""
+    c = ModelConfig.from_hf({**GEMMA3, "rope_theta": 1e6, "rope_local_base_freq": 1e4,
+                             "rope_scaling": {"rope_type": "linear", "factor": 8.0}})
+    assert c.layer_windows == (512,) * 5 + (0, 512) and c.window(5) == 0 and c.window(6) == 512
+    assert (c.rope_theta, c.local_rope_theta, c.rope_scaling) == (1e6, 1e4, RopeScaling("linear", 8.0))
+    assert c.attention_scale == 256 ** -0.5 and c.embedding_scale == 64 ** 0.5 and c.norm_weight_offset == 1.0
+    assert c.sandwich_norms and c.qk_norm and c.tie_word_embeddings and c.max_position_embeddings == 512
+
+
+def test_gemma3_in_transformers_v5_style():
+    c = ModelConfig.from_hf({**GEMMA3, "layer_types": ["full_attention"] + ["sliding_attention"] * 6,
+                             "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5e5},
+                                                 "sliding_attention": {"rope_type": "default", "rope_theta": 2e4}}})
+    assert c.layer_windows == (0,) + (512,) * 6
+    assert (c.rope_theta, c.local_rope_theta, c.rope_scaling) == (5e5, 2e4, None)

@@ -52,7 +52,8 @@ def _paged_logits(model: DecoderModel, tokens: list[int], prefill: int) -> torch
     return torch.cat(out)
 
 
-@pytest.mark.parametrize("variant", ["llama-gqa", "llama-tied-mha", "qwen3-qknorm-sharded"])
+@pytest.mark.parametrize("variant", ["llama-gqa", "llama-tied-mha", "qwen3-qknorm-sharded", "phi3-partial-tied-window",
+                                     "phi3-longrope"])
 def test_bfloat16_runtime_is_as_close_to_float32_as_transformers(hf_model_dir, variant):
     path = hf_model_dir(variant)
     tokens = random_prompts([PROMPT_TOKENS + DECODE_TOKENS], seed=5)[0]

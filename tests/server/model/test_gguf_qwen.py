@@ -2,9 +2,9 @@
 the test with `gguf`'s writer, against transformers' own GGUF loader on the same file; and the refusal of an
 architecture still unsupported, exit 2 from the CLI.
 
-`write_decoder_gguf` is the writer the other test_gguf_* files share: any of the three architectures, any
+`write_decoder_gguf` is the writer the other test_gguf_* files share: any of the four architectures, any
 matrix type (gguf_files.encode_as: quantized by `gguf` where it can, random blocks with finite scales where it
-cannot), optional biases, Q/K norms and a rope_freqs tensor.
+cannot), optional biases, Q/K norms, a rope_freqs tensor, phi3's fused layout and partial rotary.
 """
 
 from __future__ import annotations
@@ -35,16 +35,24 @@ def write_decoder_gguf(path: Path, arch: str = "llama", tensor_type: T = T.F32, 
                        qkv_bias: bool = False, qk_norm: bool = False, pre: str = "qwen2",
                        tensor_types: Mapping[str, T] | None = None, rope_freqs: np.ndarray | None = None,
                        tensors: Mapping[str, np.ndarray] | None = None, vocab_size: int | None = None, seed: int = 0,
-                       vocab: tuple[list[str], list[int], list[str]] | None = None, **fields: Any) -> Path:
-    """A small random GGUF. `tensor_types`: a matrix's type by its name without `blk.N.` and `.weight`;
+                       vocab: tuple[list[str], list[int], list[str]] | None = None, layers: int = LAYERS,
+                       sliding_window: int | None = None, fused: bool = False, rotary_dim: int | None = None,
+                       extra_tensors: Mapping[str, np.ndarray] | None = None, **fields: Any) -> Path:
+    """A small random GGUF. `arch` gemma3 adds its norms after each sublayer and ties the head (no
+    `output.weight`), as llama.cpp's converter writes it. `tensor_types`: a matrix's type by its name without
+    `blk.N.` and `.weight`;
     `tensors`: float32 weights by GGUF name, used instead of random ones (a file written from an HF model, whose
     `vocab_size` may exceed the test tokenizer's); `vocab`: (tokens, token types, merges), else gguf_files';
-    `fields`: extra metadata (`{arch}.rope.scaling.type`: a string; other values: float32)."""
+    `fused`: phi3's layout (Q/K/V rows in one `attn_qkv`, gate then up rows in one `ffn_up`); `rotary_dim`:
+    `rope.dimension_count` (default head_dim); `extra_tensors`: float32 tensors written as they are (rope factors);
+    `fields`: extra metadata (`{arch}.rope.scaling.type`: a string; ints: uint32; other values: float32)."""
     rng = np.random.default_rng(seed)
     tokens, types, merges = vocab or (*vocabulary(), MERGES)
     head_dim = head_dim or hidden // heads
     w = GGUFWriter(str(path), arch)
-    w.add_block_count(LAYERS)
+    w.add_block_count(layers)
+    if sliding_window is not None:
+        w.add_sliding_window(sliding_window)
     w.add_context_length(512)
     w.add_embedding_length(hidden)
     w.add_feed_forward_length(ffn)
@@ -52,7 +60,7 @@ def write_decoder_gguf(path: Path, arch: str = "llama", tensor_type: T = T.F32, 
     w.add_head_count_kv(kv_heads)
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_rope_dimension_count(head_dim)
+    w.add_rope_dimension_count(rotary_dim or head_dim)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(10000.0)
     w.add_vocab_size(vocab_size or len(tokens))
@@ -65,7 +73,8 @@ def write_decoder_gguf(path: Path, arch: str = "llama", tensor_type: T = T.F32, 
     w.add_eos_token_id(2)
     w.add_chat_template(TEMPLATE)
     for key, value in fields.items():
-        (w.add_string if isinstance(value, str) else w.add_float32)(key, value)
+        (w.add_string if isinstance(value, str) else w.add_uint32 if isinstance(value, int) else w.add_float32)(
+            key, value)
 
     def weights(name: str, shape: tuple[int, ...], scale: float, centre: float = 0.0) -> np.ndarray:
         if tensors is not None and name in tensors:
@@ -82,11 +91,14 @@ def write_decoder_gguf(path: Path, arch: str = "llama", tensor_type: T = T.F32, 
 
     if rope_freqs is not None:
         w.add_tensor("rope_freqs.weight", rope_freqs.astype(np.float32))
+    for name, values in (extra_tensors or {}).items():
+        w.add_tensor(name, values.astype(np.float32))
     matrix("token_embd.weight", vocab_size or len(tokens), hidden)
     q, kv = heads * head_dim, kv_heads * head_dim
-    for i in range(LAYERS):
+    gemma = arch == "gemma3"
+    for i in range(layers):
         vector(f"blk.{i}.attn_norm.weight", hidden)
-        for part, rows in (("attn_q", q), ("attn_k", kv), ("attn_v", kv)):
+        for part, rows in (("attn_qkv", q + 2 * kv),) if fused else (("attn_q", q), ("attn_k", kv), ("attn_v", kv)):
             matrix(f"blk.{i}.{part}.weight", rows, hidden)
             if qkv_bias:
                 vector(f"blk.{i}.{part}.bias", rows, 0.0, 0.2)
@@ -94,12 +106,17 @@ def write_decoder_gguf(path: Path, arch: str = "llama", tensor_type: T = T.F32, 
             vector(f"blk.{i}.attn_q_norm.weight", head_dim)
             vector(f"blk.{i}.attn_k_norm.weight", head_dim)
         matrix(f"blk.{i}.attn_output.weight", hidden, q)
+        if gemma:
+            vector(f"blk.{i}.post_attention_norm.weight", hidden)
+            vector(f"blk.{i}.post_ffw_norm.weight", hidden)
         vector(f"blk.{i}.ffn_norm.weight", hidden)
-        matrix(f"blk.{i}.ffn_gate.weight", ffn, hidden)
-        matrix(f"blk.{i}.ffn_up.weight", ffn, hidden)
+        if not fused:
+            matrix(f"blk.{i}.ffn_gate.weight", ffn, hidden)
+        matrix(f"blk.{i}.ffn_up.weight", 2 * ffn if fused else ffn, hidden)
         matrix(f"blk.{i}.ffn_down.weight", hidden, ffn)
     vector("output_norm.weight", hidden)
-    matrix("output.weight", vocab_size or len(tokens), hidden)
+    if not gemma:
+        matrix("output.weight", vocab_size or len(tokens), hidden)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -134,9 +151,9 @@ def test_qwen_gguf_equals_transformers_gguf_loader(tmp_path: Path, arch: str) ->
 
 
 def test_unsupported_architecture_names_the_file_and_the_supported_ones(tmp_path: Path) -> None:
-    path = write_decoder_gguf(tmp_path / "m.gguf", "gemma3")
-    message = ("GGUF architecture 'gemma3' is not supported: Flotilla loads GGUF files of architecture llama, "
-               "qwen2, qwen3")
+    path = write_decoder_gguf(tmp_path / "m.gguf", "gemma2")
+    message = ("GGUF architecture 'gemma2' is not supported: Flotilla loads GGUF files of architecture llama, "
+               "qwen2, qwen3, gemma3, phi3")
     with pytest.raises(UnsupportedModelError, match=message):
         load_model(str(path))
     assert_cli_refuses(path, message)
