@@ -9,7 +9,8 @@ Why this shape:
   many matmul calls as a decode step that touches every expert, and each call is as large as it can be;
 - the experts are stacked, [E, 2 x I, H] (gate rows, then up) and [E, H, I], in the model dtype: transformers
   5's own layout, so its state dict loads as it is and a per-expert checkpoint is copied in by slices
-  (model/moe_weights.py), and each matrix kind is one tensor however many experts there are;
+  (model/moe_weights.py), and each matrix kind is one tensor however many experts there are; a GGUF's
+  expert blocks may stay blocks instead (model/quant_experts.py), with the same `run(expert, rows)`;
 - every expert is resident whatever a step routes, so `weight_bytes` counts all of them: that is what the KV
   pool's sizing and the model cache must subtract. A token reads only its top-k experts
   (`bytes_read_per_token`), which is what a memory-bound decode step's speed follows;
@@ -28,8 +29,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import decode_ops
-from .linear import Linear, packs
+from .linear import Linear, packs, uses_native_gemv
 from .moe_config import MoeConfig
+from .native_gemv import gemv_one_row
 
 
 def route(router_logits: torch.Tensor, top_k: int, norm_topk_prob: bool,
@@ -72,17 +74,41 @@ def group_by_expert(expert_ids: torch.Tensor, weights: torch.Tensor, num_experts
     return ExpertGroups(order // top_k, weights.reshape(-1)[order], tuple(spans))
 
 
+class Experts(nn.Module):
+    """E SwiGLU experts in the model dtype, stacked: `gate_up_proj` [E, 2 x I, H] (gate rows, then up) and
+    `down_proj` [E, H, I], transformers 5's own layout and names (`mlp.experts.gate_up_proj`). The parameters
+    start uninitialised (a loader fills them)."""
+
+    def __init__(self, num_experts: int, intermediate_size: int, hidden_size: int) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+
+    def run(self, expert: int, rows: torch.Tensor) -> torch.Tensor:
+        """Expert `expert`'s SwiGLU over its rows [n, H]: [n, H] in the rows' dtype."""
+        gate_up = expert_linear(rows, self.gate_up_proj[expert])
+        return expert_linear(decode_ops.silu_mul(gate_up), self.down_proj[expert])
+
+
+def expert_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight.T for one expert's 2-D slice: a lone float32 row (a decode step's token) through the native
+    one-row kernel, which streams the row-major slice as it lies; more rows through F.linear. No packed copy:
+    an expert sees a few rows a step, and a copy would double the experts' memory."""
+    if uses_native_gemv(x, weight):
+        return gemv_one_row(x, weight)
+    return F.linear(x, weight)
+
+
 class SparseMoeBlock(nn.Module):
-    """Router (`router`, a Linear hidden -> E without bias) and E SwiGLU experts, stacked in `gate_up_proj`
-    [E, 2 x I, H] and `down_proj` [E, H, I]; the parameters start uninitialised (a loader fills them)."""
+    """Router (`router`, a Linear hidden -> E without bias) and E SwiGLU experts (`experts`: Experts, or
+    quant_experts.QuantizedExperts where a GGUF's expert blocks are kept)."""
 
     def __init__(self, cfg: MoeConfig) -> None:
         super().__init__()
         self.config = cfg
         e, i, h = cfg.num_experts, cfg.expert_intermediate_size, cfg.hidden_size
         self.router = Linear(h, e, bias=False)
-        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
-        self.down_proj = nn.Parameter(torch.empty(e, h, i))
+        self.experts = Experts(e, i, h)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, hidden], a step's flat tokens. Returns [T, hidden] in x's dtype."""
@@ -91,10 +117,9 @@ class SparseMoeBlock(nn.Module):
                                     cfg.float32_scaling)
         groups = group_by_expert(expert_ids, weights, cfg.num_experts)
         rows = x.index_select(0, groups.token_ids)  # one gather: [T * k, hidden], each expert's rows contiguous
-        expert_out = torch.empty_like(rows)
-        for expert, start, end in groups.spans:  # experts without tokens cost nothing
-            gate_up = F.linear(rows[start:end], self.gate_up_proj[expert])
-            expert_out[start:end] = F.linear(decode_ops.silu_mul(gate_up), self.down_proj[expert])
+        experts = self.experts
+        outs = [experts.run(expert, rows[start:end]) for expert, start, end in groups.spans]  # idle experts: none
+        expert_out = torch.cat(outs) if outs else rows
         # Qwen3-MoE's weights are in x's dtype; Mixtral's float32 ones promote the product to float32
         weighted = (expert_out * groups.weights.unsqueeze(1)).to(x.dtype)
         return torch.zeros_like(x).index_add_(0, groups.token_ids, weighted)
@@ -102,14 +127,14 @@ class SparseMoeBlock(nn.Module):
     def weight_bytes(self) -> int:
         """Every byte of weights the block holds: the router and all experts, idle ones too, plus the router's
         packed copy where the CPU matmul path keeps one (as DecoderModel.weight_bytes counts a Linear's)."""
-        params = sum(p.numel() * p.element_size() for p in self.parameters())
-        router = self.router.weight
-        return params + (router.numel() * router.element_size() if packs(router) else 0)
+        held = sum(t.numel() * t.element_size() for t in (*self.parameters(), *self.buffers()))
+        router = getattr(self.router, "weight", None)
+        return held + (router.numel() * router.element_size() if router is not None and packs(router) else 0)
 
     def bytes_read_per_token(self) -> int:
         """The weight bytes one token's pass reads: the router and its top-k experts (a decode step at batch 1
         reads these, not `weight_bytes`)."""
         cfg = self.config
-        one_expert = (self.gate_up_proj[0].numel() + self.down_proj[0].numel()) * self.gate_up_proj.element_size()
-        router = self.router.weight
-        return router.numel() * router.element_size() + cfg.num_experts_per_tok * one_expert
+        router = sum(t.numel() * t.element_size() for t in (*self.router.parameters(), *self.router.buffers()))
+        experts = sum(t.numel() * t.element_size() for t in (*self.experts.parameters(), *self.experts.buffers()))
+        return router + cfg.num_experts_per_tok * experts // cfg.num_experts

@@ -1,8 +1,8 @@
 """MoeConfig: the shape and routing rules of a mixture-of-experts feed-forward block (Qwen3-MoE, Mixtral),
 read from a Hugging Face `config.json` or a GGUF file's metadata.
 
-Torch-free, as model/config.py is, so that a server sizes a model before loading it. Apart from ModelConfig
-(which other work changes) until the decoder takes MoE layers; it then becomes ModelConfig's `moe` field.
+Torch-free, as model/config.py is, so that a server sizes a model before loading it; ModelConfig holds one as
+its `moe` field (None for a dense model).
 
 The families differ in four ways the block must reproduce:
 - where the expert count lives: Qwen3-MoE hub configs say `num_experts`, but transformers 5 writes it as
@@ -22,9 +22,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .config import UnsupportedModelError
+from .errors import UnsupportedModelError
 
 MOE_MODEL_TYPES = ("qwen3_moe", "mixtral")
+# mixture-of-experts families refused by name, and what they have that the runtime does not run
+UNSUPPORTED_MOE = {
+    "qwen2_moe": "Qwen2-MoE: a shared expert with its own sigmoid gate beside the routed ones",
+    "deepseek_v2": "DeepSeek-V2: shared experts, grouped routing and latent attention",
+    "deepseek_v3": "DeepSeek-V3: shared experts, sigmoid routing with a bias and latent attention",
+    "gpt_oss": "gpt-oss: experts with biases and a clamped SwiGLU, attention sinks",
+    "olmoe": "OLMoE: QK norms over the whole projection",
+    "phimoe": "Phi-3.5-MoE: sparsemixer routing",
+}
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,14 @@ One block's weights reach a loader in three spellings:
   `.weight`, and `mlp.gate.weight`; Mixtral's `block_sparse_moe.` is renamed `mlp.` there;
 - GGUF (llama.cpp, qwen3moe and Mixtral's llama): `blk.N.ffn_gate_inp.weight` [E, H], `ffn_gate_exps` and
   `ffn_up_exps` [E, I, H], `ffn_down_exps` [E, H, I] (numpy order, GGUF's dimensions reversed), stacked as
-  transformers' own GGUF reader stacks them (Qwen2MoeTensorProcessor: gate then up along dim 1).
+  transformers' own GGUF reader stacks them (Qwen2MoeTensorProcessor: gate then up along dim 1). The GGUF
+  loader hands them on as `mlp.experts.gate_proj`, `up_proj` and `down_proj`: stacked, one part each.
 
 Each name maps to an ExpertTarget, a slice of one of the block's parameters, and each tensor is copied
 straight into its slice as it comes: a per-expert checkpoint never holds a second, stacked copy, and a
-loader may stream a model's tensors one at a time. GGUF blocks are dequantized to float here (the block
-kernels take 2-D weights; 3-D expert blocks are later work).
+loader may stream a model's tensors one at a time (`MoeLayerWeights` routes a whole model's). GGUF blocks
+are dequantized to float here; `--quantization gguf` keeps them instead (gguf_loader.py, quant_experts.py),
+and the parts held so count as filled.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
+from torch import nn
 
 from .gguf_file import TensorInfo
-from .moe import SparseMoeBlock
+from .moe import Experts, SparseMoeBlock
 
 PARTS = ("router", "gate_up", "gate", "up", "down")
 
@@ -49,7 +52,8 @@ class ExpertTarget:
 
 _HF_NAME = re.compile(r"(?:(?:model\.)?layers\.(?P<layer>\d+)\.)?(?:mlp|block_sparse_moe)\.(?P<rest>.+)")
 _HF_EXPERT = re.compile(r"experts\.(?P<expert>\d+)\.(?P<part>\w+)\.weight")
-_HF_STACKED = {"gate.weight": "router", "experts.gate_up_proj": "gate_up", "experts.down_proj": "down"}
+_HF_STACKED = {"gate.weight": "router", "experts.gate_up_proj": "gate_up", "experts.down_proj": "down",
+               "experts.gate_proj": "gate", "experts.up_proj": "up"}  # the last two: the GGUF loader's
 _HF_PARTS = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down", "w1": "gate", "w3": "up", "w2": "down"}
 _GGUF_NAME = re.compile(r"blk\.(?P<layer>\d+)\.(?P<part>ffn_gate_inp|ffn_gate_exps|ffn_up_exps|ffn_down_exps)\.weight")
 _GGUF_PARTS = {"ffn_gate_inp": "router", "ffn_gate_exps": "gate", "ffn_up_exps": "up", "ffn_down_exps": "down"}
@@ -83,8 +87,10 @@ class MoeWeightFiller:
 
     def __init__(self, block: SparseMoeBlock) -> None:
         self.block = block
-        self._router_filled = False
-        self._filled = torch.zeros(block.config.num_experts, 3, dtype=torch.bool)  # columns: gate, up, down
+        # a router or experts held as GGUF blocks (no float parameters) were filled when they were made
+        self._router_filled = not isinstance(getattr(block.router, "weight", None), nn.Parameter)
+        dense = isinstance(block.experts, Experts)
+        self._filled = torch.full((block.config.num_experts, 3), not dense)  # columns: gate, up, down
 
     def _destination(self, target: ExpertTarget) -> tuple[torch.Tensor, slice]:
         """(the parameter's slice the target names, the columns of `_filled` it covers)."""
@@ -93,10 +99,10 @@ class MoeWeightFiller:
         if target.part == "router":
             return block.router.weight, slice(0, 0)
         if target.part == "down":
-            return block.down_proj[experts], slice(2, 3)
+            return block.experts.down_proj[experts], slice(2, 3)
         rows, columns = {"gate_up": (slice(None), slice(0, 2)), "gate": (slice(0, inter), slice(0, 1)),
                          "up": (slice(inter, 2 * inter), slice(1, 2))}[target.part]
-        return block.gate_up_proj[experts, rows], columns
+        return block.experts.gate_up_proj[experts, rows], columns
 
     def copy(self, target: ExpertTarget, tensor: torch.Tensor, name: str) -> None:
         """Copies `tensor` (any float dtype, any device) into the target's slice. Raises ValueError naming the
@@ -128,6 +134,40 @@ class MoeWeightFiller:
         if missing:
             raise ValueError(f"checkpoint is missing MoE weights: {', '.join(missing[:5])}"
                              f"{'...' if len(missing) > 5 else ''}")
+
+
+class MoeLayerWeights:
+    """A whole decoder's MoE weights as a state-dict loader meets them: `take` routes a Hugging Face name to its
+    layer's block (True), or declines a name that is no router or expert weight (False); `check_complete`
+    then says what is missing, and `filled` names the parameters filled (for the loader's own check)."""
+
+    def __init__(self, layers: nn.ModuleList) -> None:
+        self._blocks = {i: layer.mlp for i, layer in enumerate(layers) if isinstance(layer.mlp, SparseMoeBlock)}
+        self._fillers: dict[int, MoeWeightFiller] = {i: MoeWeightFiller(b) for i, b in self._blocks.items()}
+
+    def take(self, name: str, tensor: torch.Tensor) -> bool:
+        """`name` without the `model.` prefix (`layers.3.mlp.experts.7.up_proj.weight`). Raises ValueError for
+        an expert or router weight of a layer that has none (a dense layer's, or past the last)."""
+        found = hf_moe_target(name) if self._blocks else None
+        if found is None:
+            return False
+        layer, target = found
+        if layer not in self._fillers:
+            raise ValueError(f"unexpected weight {name!r}: layer {layer} has no experts as config.json describes "
+                             "the model (check mlp_only_layers and decoder_sparse_step)")
+        self._fillers[layer].copy(target, tensor, name)
+        return True
+
+    def filled(self) -> set[str]:
+        """The parameter names (as DecoderModel.named_parameters gives them) of every block, once complete."""
+        return {f"layers.{i}.mlp.{name}" for i, block in self._blocks.items() for name, _ in block.named_parameters()}
+
+    def check_complete(self) -> None:
+        for layer, filler in self._fillers.items():
+            missing = filler.missing()
+            if missing:
+                raise ValueError(f"checkpoint is missing MoE weights of layer {layer}: {', '.join(missing[:5])}"
+                                 f"{'...' if len(missing) > 5 else ''}")
 
 
 def load_hf_moe(block: SparseMoeBlock, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

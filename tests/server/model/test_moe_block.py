@@ -123,8 +123,8 @@ def dense_moe(block: SparseMoeBlock, x: torch.Tensor) -> torch.Tensor:
     if cfg.norm_topk_prob:
         top = top / top.sum(-1, keepdim=True)
     mixing = torch.zeros_like(probs).scatter(1, ids, top)  # [T, E]
-    gate, up = torch.einsum("th,eih->eti", x, block.gate_up_proj).chunk(2, dim=-1)
-    outs = torch.einsum("eti,ehi->eth", F.silu(gate) * up, block.down_proj)  # [E, T, H]
+    gate, up = torch.einsum("th,eih->eti", x, block.experts.gate_up_proj).chunk(2, dim=-1)
+    outs = torch.einsum("eti,ehi->eth", F.silu(gate) * up, block.experts.down_proj)  # [E, T, H]
     return torch.einsum("te,eth->th", mixing, outs)
 
 
@@ -157,6 +157,6 @@ def test_weight_bytes_counts_every_expert() -> None:
     assert block.weight_bytes() == router_bytes + EXPERTS * expert_bytes + packed
     assert block.bytes_read_per_token() == router_bytes + TOP_K * expert_bytes
     half = block.to(torch.bfloat16)
-    assert half.gate_up_proj.dtype == torch.bfloat16
+    assert half.experts.gate_up_proj.dtype == torch.bfloat16
     assert half.weight_bytes() == (router_bytes + EXPERTS * expert_bytes) // 2 + (
         router_bytes // 2 if packs(half.router.weight) else 0)

@@ -159,8 +159,8 @@ def test_gguf_expert_tensors_load(tmp_path: Path, qtype: GGMLQuantizationType) -
         if "exps" in t.name:
             processor.process(dequantize(t.data, GGMLQuantizationType(t.type_id)), t.name,
                               tensor_key_mapping=names, parsed_parameters=parsed)
-    assert torch.equal(block.gate_up_proj, parsed["tensors"]["experts.gate_up_proj"])
-    assert torch.equal(block.down_proj, parsed["tensors"]["experts.down_proj"])
+    assert torch.equal(block.experts.gate_up_proj, parsed["tensors"]["experts.gate_up_proj"])
+    assert torch.equal(block.experts.down_proj, parsed["tensors"]["experts.down_proj"])
 
     x = torch.randn(40, HIDDEN, generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
