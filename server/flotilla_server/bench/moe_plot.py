@@ -45,7 +45,7 @@ def plot_moe(report: dict[str, Any], path: Path) -> None:
     fig.suptitle(f"flotilla-bench moe — {cfg['experts']} experts top-{cfg['top_k']} (width {cfg['expert_width']}) "
                  f"against a dense Llama of width {models['dense']['intermediate_size']}, "
                  f"{models['moe']['parameters'] / 1e6:.1f} / {models['dense']['parameters'] / 1e6:.1f} M parameters, "
-                 f"{cfg['threads']} thread(s)\nbars: median of {cfg['rounds']} interleaved rounds; dots: rounds; "
+                 f"{cfg.get('dtype', 'float32')}, {cfg['threads']} thread(s)\nbars: median of {cfg['rounds']} interleaved rounds; dots: rounds; "
                  f"{report['cpu'].get('model_name')}", fontsize=9)
     save_figure(fig, path)
 

@@ -14,9 +14,9 @@ ATEN_CPU_CAPABILITY=avx2, MKL_ENABLE_INSTRUCTIONS=AVX2), 29.9 / 56.7 in bfloat16
 that take float32 activations (model/quant_blocks.py, model/int8_weights.py), so their dtype is float32.
 A mixture of experts (model/moe.py) multiplies each expert's few rows of a step on its own, unpacked weight
 (a packed copy of every expert would double the model's largest part), which oneDNN reorders on every
-bfloat16 call (40 against 12 us a [2, 512] x [512, 384] product in float32, one thread); `flotilla-bench moe`
-(docs/benchmarks.md, "Mixture of experts") decoded its Qwen3-MoE-shaped model faster in float32 than in
-bfloat16 at 1 and at 16 streams, so `auto` picks float32 for one.
+bfloat16 call (40 us a [2, 512] x [512, 384] product, against 10-13 us in float32, one thread); `flotilla-bench moe`
+(docs/benchmarks.md, "Mixture of experts") decoded its Qwen3-MoE-shaped model at 105.9 / 237.8 tok/s at 1 / 16
+streams in float32 against 67.9 / 206.4 in bfloat16 on the Xeon VM, so `auto` picks float32 for one.
 
 Rules (`choose_dtype`):
 - an explicit dtype is kept; bfloat16 on a CPU that lacks native bfloat16 carries a warning with the cost;
