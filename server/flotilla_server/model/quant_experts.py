@@ -2,7 +2,8 @@
 (`--quantization gguf`), in place of moe.Experts' float stacks.
 
 Why: experts are most of an MoE model's bytes (all of them resident, a few read per token), so they are the
-weights whose blocks matter most; dequantized, a Q4_K_M file's experts would take 7 times the memory.
+weights whose blocks matter most; dequantized to float32, a Q4_K_M file's experts would take 5 to 7 times the
+memory.
 
 Rules:
 - llama.cpp stores a layer's experts as 3-D tensors, `ffn_gate_exps` and `ffn_up_exps` [E, I, H] and
