@@ -19,7 +19,7 @@ import torch
 from flotilla_server.model import UnsupportedModelError, load_model
 from flotilla_server.model.moe import SparseMoeBlock
 from flotilla_server.model.quant_experts import QuantizedExperts
-from flotilla_server.model.source import gguf_tensors
+from flotilla_server.model.source import check_fp8, gguf_tensors, source_config
 from flotilla_server.model_cache.footprint import gguf_weight_bytes
 from safetensors.numpy import load_file
 
@@ -134,10 +134,12 @@ def test_shared_experts_are_refused_by_architecture(tmp_path: Path) -> None:
     assert_cli_refuses(path, message)
 
 
-def test_int8_refuses_a_mixture_of_experts_in_one_line(tmp_path: Path) -> None:
+def test_int8_and_fp8_refuse_a_mixture_of_experts_in_one_line(tmp_path: Path) -> None:
     path = write_decoder_gguf(tmp_path / "m.gguf", "qwen3moe", **{**QWEN3MOE, "hidden": 64})
     message = ("quantization int8 does not quantize the experts of a mixture-of-experts model (qwen3moe: 8 experts a "
                "sparse layer): pass --quantization none, or gguf with a .gguf file, which keeps expert blocks")
     with pytest.raises(ValueError, match=r"quantization int8 does not quantize the experts"):
         load_model(str(path), quantization="int8")
     assert_cli_refuses(path, message, "--quantization", "int8")
+    with pytest.raises(ValueError, match=r"quantization fp8 does not quantize the experts .*qwen3moe: 8 experts"):
+        check_fp8(source_config(str(path)), "cuda")  # before the device's own checks
