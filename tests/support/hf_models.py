@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from flotilla_server.model.tiny import CHAT_TEMPLATE, SPECIAL_TOKENS, build_byte_bpe
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "qwen3_moe", "mixtral")
 VOCAB_SIZE = 384
 BOS_ID, EOS_ID = 380, 381  # "<s>", "</s>" in the tokenizer below
 
@@ -55,6 +55,10 @@ _ARCH_DEFAULTS: dict[str, dict[str, Any]] = {
     "gemma3_text": {"head_dim": 32, "num_hidden_layers": 3, "sliding_window": 16, "query_pre_attn_scalar": 24,
                     "layer_types": ["sliding_attention", "full_attention", "sliding_attention"]},
     "phi3": {},  # Q/K/V and gate/up fused in the checkpoint (qkv_proj, gate_up_proj), no biases
+    # 8 experts, top-2, each narrower than the dense layer 1 (mlp_only_layers) between two sparse ones
+    "qwen3_moe": {"head_dim": 32, "num_hidden_layers": 3, "num_experts": 8, "num_experts_per_tok": 2,
+                  "moe_intermediate_size": 32, "mlp_only_layers": [1], "norm_topk_prob": True},
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 32, "sliding_window": None},
 }
 
 
@@ -68,6 +72,8 @@ def _config_class(arch: str) -> type:
         "qwen3": transformers.Qwen3Config,
         "gemma3_text": transformers.Gemma3TextConfig,
         "phi3": transformers.Phi3Config,
+        "qwen3_moe": transformers.Qwen3MoeConfig,
+        "mixtral": transformers.MixtralConfig,
     }
     if arch not in classes:
         raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")

@@ -38,6 +38,9 @@ COMMANDS = {
     "coldload": ("flotilla_server.bench.cold_loads",
                  "a pool server's cold load of SmolLM2 over HTTP: TTFT of a request that finds it unloaded, from "
                  "disk (page cache dropped) against parked, with each load's phases"),
+    "moe": ("flotilla_server.bench.moe",
+            "a random Qwen3-MoE-shaped mixture of experts against a dense Llama of the same total parameters, on the "
+            "engine in-process: tokens/s at 1 and 16 concurrent sequences, as the machine runs and with AVX2 forced"),
     "lora": ("flotilla_server.bench.lora",
              "8 LoRA adapters of rank 16 on llama-100m in one server: streamed tokens/s with every request on a "
              "different adapter against every request on the base model, and the adapters' memory against 8 "

@@ -42,7 +42,7 @@ from flotilla_server.engine.thread_count import describe, measure_count
 from flotilla_server.grammar.tokenizer_info import GrammarTokenizer
 from flotilla_server.model import KVCacheTensors, LoadedModel, load_model
 from flotilla_server.model.dtype_choice import choose_dtype, read_cpu_facts
-from flotilla_server.model.source import resolve_quantization
+from flotilla_server.model.source import resolve_quantization, source_config
 
 log = logging.getLogger("flotilla.engine")
 
@@ -51,8 +51,11 @@ def _load(config: EngineConfig) -> LoadedModel:
     """The model in config.dtype, `auto` chosen for this model and machine (model/dtype_choice.py); the
     choice is logged with why once the weights have loaded (a refused source says only why it is refused)."""
     on_gpu = config.device != "cpu"
-    choice = choose_dtype(config.dtype, config.device, resolve_quantization(config.model, config.quantization),
-                          read_cpu_facts(os.environ), gpu_has_bfloat16=on_gpu and torch.cuda.is_bf16_supported())
+    held = resolve_quantization(config.model, config.quantization)
+    # a mixture of experts changes `auto` on CPU only where the weights are float (its config read without them)
+    moe = config.dtype == "auto" and not on_gpu and held == "none" and source_config(config.model).moe is not None
+    choice = choose_dtype(config.dtype, config.device, held, read_cpu_facts(os.environ),
+                          gpu_has_bfloat16=on_gpu and torch.cuda.is_bf16_supported(), moe=moe)
     loaded = load_model(config.model, choice.dtype, config.device, config.quantization)
     log.info("dtype %s: %s", choice.dtype, choice.reason)
     if choice.warning:
@@ -75,8 +78,12 @@ class EngineCore:
         adapter_bytes = 0 if self.adapters is None else self.adapters.slots.nbytes()
         per_block = KVCacheTensors.bytes_per_block(mc.num_layers, config.block_size, mc.num_kv_heads, mc.head_dim, dtype)
         # the graphs' gather buffers exist before the pool is sized from free memory: it leaves them room
+        captures = config.cuda_graphs and not (on_gpu and mc.moe is not None)
+        if config.cuda_graphs and not captures:  # a GPU graph cannot hold a step's host-side expert grouping
+            log.warning("cuda_graphs: off for %s, a mixture of experts (model/moe.py groups each step's tokens by "
+                        "expert on the host); decode steps run eagerly", mc.model_type)
         graph_gather = (KVCacheTensors.gather_buffers(DEFAULT_GATHER_BUDGET_TOKENS, mc.num_kv_heads, mc.head_dim, dtype,
-                                                      config.device) if config.cuda_graphs else None)
+                                                      config.device) if captures else None)
         facts = MemoryFacts(on_gpu, host_bytes, weights_bytes(self.loaded.model) + adapter_bytes,
                             capacity_is_limit=host_limited)
         if sized_from_memory and on_gpu:

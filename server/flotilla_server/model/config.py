@@ -15,10 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import UnsupportedModelError
+from .moe_config import MOE_MODEL_TYPES, UNSUPPORTED_MOE, MoeConfig
+
 # `--quantization int8`: its kernels take a layer whose in_features is a multiple of this (a row is whole
 # vectors of 16 weights, AVX-512's width, on every path: model/int8_weights.py); source.check_int8 refuses others
 INT8_K_MULTIPLE = 16
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", *MOE_MODEL_TYPES)
 _ARCHITECTURE_OF = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
@@ -26,16 +29,14 @@ _ARCHITECTURE_OF = {
     "qwen3": "Qwen3ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM",  # Phi-3 mini/medium, Phi-3.5-mini, Phi-4, Phi-4-mini
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
 # the activations of the MLP's gate the runtime computes (model/llama.py MLP)
 HIDDEN_ACTS = ("silu", "gelu_pytorch_tanh")
 _ROPE_TYPES = ("default", "linear", "llama3")
 _PHI3_ROPE_TYPES = ("default", "longrope")  # as transformers' Phi3Config, which refuses the others
 _PHI3_LEGACY_ROPE_TYPES = {"su": "longrope", "yarn": "longrope"}  # early Phi-3 configs; transformers renames them
-
-
-class UnsupportedModelError(ValueError):
-    """A config that Flotilla's runtime cannot run; the message says what to change."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,7 @@ class ModelConfig:
     local_rope_theta: float | None = None  # the sliding layers' RoPE base (unscaled); None: rope_theta
     final_logit_softcapping: float | None = None  # logits = cap * tanh(logits / cap)
     rotary_dim: int = 0  # RoPE rotates the first rotary_dim dims of each head (Phi's partial rotary); 0: all
+    moe: MoeConfig | None = None  # Qwen3-MoE, Mixtral: the experts of the sparse layers (`is_sparse`)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -109,6 +111,14 @@ class ModelConfig:
         if self.layer_windows and (len(self.layer_windows) != self.num_layers or min(self.layer_windows) < 0):
             raise UnsupportedModelError(f"layer windows must be one size >= 0 per layer ({self.num_layers}), got "
                                         f"{list(self.layer_windows)}")
+        if self.moe is not None and self.moe.hidden_size != self.hidden_size:
+            raise UnsupportedModelError(f"the experts' hidden size ({self.moe.hidden_size}) must be the model's "
+                                        f"({self.hidden_size})")
+
+    def is_sparse(self, layer: int) -> bool:
+        """Whether layer `layer`'s feed-forward block is a mixture of experts (else a dense MLP of
+        intermediate_size)."""
+        return self.moe is not None and self.moe.is_sparse(layer)
 
     def window(self, layer: int) -> int:
         """Layer `layer`'s sliding window in keys, 0 for global attention."""
@@ -128,6 +138,12 @@ class ModelConfig:
                 "tower (vision_config) and a multi_modal_projector beside its text model, and Flotilla serves text "
                 "decoders only: use a text-only checkpoint (model_type 'gemma3_text', Gemma3ForCausalLM) or the "
                 "model's GGUF file, which holds the text model alone"
+            )
+        if model_type in UNSUPPORTED_MOE:
+            raise UnsupportedModelError(
+                f"model_type {model_type!r} ({UNSUPPORTED_MOE[model_type]}) is not supported: Flotilla runs the "
+                f"mixture-of-experts models {', '.join(MOE_MODEL_TYPES)} (routed experts only) and the dense "
+                f"{', '.join(t for t in SUPPORTED_MODEL_TYPES if t not in MOE_MODEL_TYPES)}; choose one of these"
             )
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise UnsupportedModelError(
@@ -151,7 +167,8 @@ class ModelConfig:
         head_dim = int(hf.get("head_dim") or hidden // num_heads)
         rotary_dim = _rotary_dim(hf, head_dim)
         rope_theta, rope_scaling = _rope(hf, rotary_dim)
-        attention_bias = bool(hf.get("attention_bias", False)) and model_type != "phi3"  # Phi-3 has no biases
+        # Phi-3 and Mixtral have no biases (transformers reads no attention_bias for them)
+        attention_bias = bool(hf.get("attention_bias", False)) and model_type not in ("phi3", "mixtral")
         return cls(
             model_type=model_type,
             vocab_size=int(hf["vocab_size"]),
@@ -166,14 +183,15 @@ class ModelConfig:
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
             qkv_bias=model_type == "qwen2" or attention_bias,
-            o_bias=model_type in ("llama", "qwen3") and attention_bias,
+            o_bias=model_type in ("llama", "qwen3", "qwen3_moe") and attention_bias,
             mlp_bias=model_type == "llama" and bool(hf.get("mlp_bias", False)),
-            qk_norm=model_type == "qwen3",
+            qk_norm=model_type in ("qwen3", "qwen3_moe"),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             layer_windows=_windows(hf, int(hf["num_hidden_layers"])),
             bos_token_id=hf.get("bos_token_id") if isinstance(hf.get("bos_token_id"), int) else None,
             eos_token_ids=token_ids(hf.get("eos_token_id")),
             rotary_dim=rotary_dim,
+            moe=MoeConfig.from_hf(hf) if model_type in MOE_MODEL_TYPES else None,
         )
 
 
@@ -256,14 +274,17 @@ def token_ids(value: Any) -> tuple[int, ...]:
 
 
 def _windows(hf: Mapping[str, Any], num_layers: int) -> tuple[int, ...]:
-    """Each layer's sliding window in keys (0: global; (): none), as transformers applies them: Mistral and Phi-3
-    window every layer whenever `sliding_window` is set (unless `use_sliding_window` is false); Qwen2 and Qwen3
-    with `use_sliding_window` the layers `layer_types` names, or from `max_window_layers` on."""
-    window = int(hf.get("sliding_window") or 0)
-    if window < 1 or not hf.get("use_sliding_window", hf.get("model_type") in ("mistral", "phi3")):
+    """Each layer's sliding window in keys (0: global; (): none), as transformers applies them: Mixtral windows
+    every layer whenever `sliding_window` is set (it reads no use_sliding_window), Mistral and Phi-3 likewise
+    unless `use_sliding_window` is false; Qwen2, Qwen3 and Qwen3-MoE with `use_sliding_window` the layers
+    `layer_types` names, or from `max_window_layers` on."""
+    window, model_type = int(hf.get("sliding_window") or 0), hf.get("model_type")
+    if window < 1:
         return ()
-    if hf.get("model_type") in ("mistral", "phi3"):
+    if model_type == "mixtral" or (model_type in ("mistral", "phi3") and hf.get("use_sliding_window", True)):
         return (window,) * num_layers
+    if model_type in ("mistral", "phi3") or not hf.get("use_sliding_window"):
+        return ()
     first = int(hf.get("max_window_layers", num_layers))
     types = hf.get("layer_types") or ["sliding_attention" if i >= first else "full_attention" for i in range(num_layers)]
     if len(types) != num_layers:

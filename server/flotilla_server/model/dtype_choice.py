@@ -12,12 +12,17 @@ ATEN_CPU_CAPABILITY=avx2, MKL_ENABLE_INSTRUCTIONS=AVX2), 29.9 / 56.7 in bfloat16
 26.2 / 106.4 in float32. A 2-core AVX2-only AMD EPYC measured 12 tok/s in bfloat16 against float32's 42 at
 16 clients over HTTP. Weights kept quantized on CPU (`gguf` blocks, `int8` rows) are multiplied by kernels
 that take float32 activations (model/quant_blocks.py, model/int8_weights.py), so their dtype is float32.
+A mixture of experts (model/moe.py) multiplies each expert's few rows of a step on its own, unpacked weight
+(a packed copy of every expert would double the model's largest part), which oneDNN reorders on every
+bfloat16 call (40 us a [2, 512] x [512, 384] product, against 10-13 us in float32, one thread); `flotilla-bench moe`
+(docs/benchmarks.md, "Mixture of experts") decoded its Qwen3-MoE-shaped model at 105.9 / 237.8 tok/s at 1 / 16
+streams in float32 against 67.9 / 206.4 in bfloat16 on the Xeon VM, so `auto` picks float32 for one.
 
 Rules (`choose_dtype`):
 - an explicit dtype is kept; bfloat16 on a CPU that lacks native bfloat16 carries a warning with the cost;
 - `auto` on a GPU: bfloat16 (float16 where the GPU lacks bfloat16);
-- `auto` on CPU: float32 for weights held as `gguf` or `int8`; otherwise bfloat16 where the CPU computes it
-  natively and oneDNN is not capped below it (ONEDNN_MAX_CPU_ISA), float32 elsewhere;
+- `auto` on CPU: float32 for weights held as `gguf` or `int8`, and for a mixture of experts; otherwise bfloat16
+  where the CPU computes it natively and oneDNN is not capped below it (ONEDNN_MAX_CPU_ISA), float32 elsewhere;
 - every choice carries its reason, which the engine logs at start.
 """
 
@@ -80,8 +85,9 @@ def read_cpu_facts(environ: Mapping[str, str], cpuinfo: Path = Path("/proc/cpuin
 
 
 def choose_dtype(requested: str, device: str, quantization: str, cpu: CpuFacts,
-                 gpu_has_bfloat16: bool = True) -> DtypeChoice:
-    """`requested`: flags.DTYPE_CHOICES; `quantization`: how the weights are held (resolved: none, gguf, int8)."""
+                 gpu_has_bfloat16: bool = True, moe: bool = False) -> DtypeChoice:
+    """`requested`: flags.DTYPE_CHOICES; `quantization`: how the weights are held (resolved: none, gguf, int8);
+    `moe`: the model is a mixture of experts (ModelConfig.moe)."""
     if requested != AUTO:
         if requested not in DTYPES:
             raise ValueError(f"dtype must be auto or one of {', '.join(DTYPES)}, got {requested!r}")
@@ -97,6 +103,9 @@ def choose_dtype(requested: str, device: str, quantization: str, cpu: CpuFacts,
     if quantization in ("gguf", "int8"):
         return DtypeChoice("float32", f"--dtype auto with weights held as {quantization} on CPU: float32, the "
                                       "activations its kernels multiply")
+    if moe:
+        return DtypeChoice("float32", "--dtype auto on CPU for a mixture of experts: float32, whose experts' few-row "
+                                      "products run faster than bfloat16's (each expert's weight unpacked)")
     if cpu.native_bfloat16:
         return DtypeChoice("bfloat16", f"--dtype auto on CPU: bfloat16, since {cpu.describe()} (oneDNN computes it)")
     return DtypeChoice("float32", f"--dtype auto on CPU: float32, since {cpu.describe()} (bfloat16 would be "

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Collection
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from gguf import GGMLQuantizationType
 from .config import ModelConfig, RopeScaling, UnsupportedModelError
 from .gguf_file import GGUFModel
 from .gguf_tokenizer import tokenizer_from_gguf
+from .moe_config import MoeConfig
 from .tokenizer import Tokenizer
 
 T = GGMLQuantizationType
@@ -33,7 +35,11 @@ SUPPORTED_TYPES = frozenset({T.F32, T.F16, T.BF16}) | BLOCK_KERNEL_TYPES
 # projection keeps blocks only when every part's type has a kernel (phi3 files fuse some: projection_parts)
 PROJECTION_PARTS = {"self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"), "mlp.gate_up_proj": ("ffn_gate", "ffn_up"),
                     "self_attn.o_proj": ("attn_output",), "mlp.down_proj": ("ffn_down",)}
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
+# `llama` with `llama.expert_count` > 0 is Mixtral as llama.cpp converts it; qwen3moe is Qwen3-MoE
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "qwen3moe")
+# a sparse layer's router (a projection like the others) and its experts' 3-D tensors [E, rows, columns]
+ROUTER_PARTS = {"mlp.router": ("ffn_gate_inp",)}
+EXPERT_PARTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 # llama.cpp's Gemma 3 (llama-model.cpp): every 6th layer global, the others a sliding window of
 # `attention.sliding_window` keys rotated by an unscaled base of 10,000; scores scaled by head_dim ** -0.5,
 # but by (hidden / heads) ** -0.5 in the 27B model, its only one of 62 layers
@@ -86,10 +92,21 @@ def projection_parts(architecture: str, tensor_names: Collection[str]) -> dict[s
     return {**PROJECTION_PARTS, "self_attn.qkv_proj": qkv, "mlp.gate_up_proj": ("ffn_up",)}
 
 
+def layer_projection_parts(config: ModelConfig, layer: int, architecture: str,
+                           tensor_names: Collection[str]) -> dict[str, tuple[str, ...]]:
+    """`projection_parts` of one layer: a sparse layer (config.is_sparse) has its router where a dense one has
+    its MLP's projections (its experts are EXPERT_PARTS, held apart)."""
+    parts = projection_parts(architecture, tensor_names)
+    if not config.is_sparse(layer):
+        return parts
+    return {**{k: v for k, v in parts.items() if not k.startswith("mlp.")}, **ROUTER_PARTS}
+
+
 def gguf_config(gg: GGUFModel) -> ModelConfig:
     """Maps `{architecture}.*` metadata to ModelConfig; refuses RoPE variants the runtime does not run. The
     optional parts come from the tensors present, as llama.cpp reads them: Q/K/V biases (Qwen2), Q/K norms
-    (Qwen3), an output bias, no `output.weight` (tied embeddings). phi3: a partial rotary from
+    (Qwen3), an output bias, no `output.weight` (tied embeddings), the sparse layers (those with a router,
+    `ffn_gate_inp`: qwen3moe, and llama files with experts: Mixtral). phi3: a partial rotary from
     `rope.dimension_count`, and every layer windowed by `attention.sliding_window` (0: none), as config.py
     windows a Hugging Face Phi-3's."""
     tokens = gg.field("tokenizer.ggml.tokens") or []
@@ -104,6 +121,13 @@ def gguf_config(gg: GGUFModel) -> ModelConfig:
     own = {"layer_windows": _phi3_windows(gg, num_layers)} if gg.architecture == "phi3" else {}
     if gg.architecture == "gemma3":
         own = _gemma3_fields(gg, hidden, num_heads, head_dim, num_layers)
+    moe = MoeConfig.from_gguf(gg.architecture, gg.file.fields)
+    if moe is not None:  # as llama.cpp, the layers with a router are the sparse ones
+        moe = replace(moe, mlp_only_layers=tuple(i for i in range(num_layers)
+                                                 if f"blk.{i}.ffn_gate_inp.weight" not in names))
+    elif gg.architecture == "qwen3moe":
+        raise UnsupportedModelError(f"{gg.path.name}: a qwen3moe file needs qwen3moe.expert_count > 0: the file is "
+                                    "damaged or was written by an older converter")
     return ModelConfig(
         model_type=gg.architecture,
         vocab_size=int(gg.arch_field("vocab_size", len(tokens))),
@@ -124,6 +148,7 @@ def gguf_config(gg: GGUFModel) -> ModelConfig:
         bos_token_id=None if bos is None else int(bos),
         eos_token_ids=() if eos is None else (int(eos),),
         rotary_dim=int(gg.arch_field("rope.dimension_count", head_dim)),
+        moe=moe,
         **own,
     )
 

@@ -1,4 +1,5 @@
-"""DecoderModel: the Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, Gemma 3, Phi-3/Phi-4) in plain PyTorch.
+"""DecoderModel: the Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, Gemma 3, Phi-3/Phi-4, Qwen3-MoE,
+Mixtral) in plain PyTorch.
 
 One forward pass takes the flat tokens of a whole step (prefill chunks and decode rows of many
 sequences) and reads/writes the paged KV pool; it has no per-token Python loop. Q/K/V and gate/up
@@ -9,7 +10,8 @@ decode step's attention in one with them; other dtypes and devices run the same 
 do Qwen3's QK norm and Phi's partial rotary (the native ops rotate whole heads, with no norm before).
 Gemma 3 is the same decoder with what its config sets (config.py): norms after each sublayer too, scaling
 by 1 + weight, a tanh GELU, scaled embeddings, and sliding-window layers with their own RoPE base; it runs
-the torch ops (its QK norms already keep it off the fused native attention).
+the torch ops (its QK norms already keep it off the fused native attention). Qwen3-MoE and Mixtral are Qwen3
+and Mistral whose sparse layers (ModelConfig.is_sparse) hold a mixture of experts (model/moe.py) as `mlp`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ from .config import ModelConfig
 from .fp8_weights import Fp8Linear
 from .kv_tensors import KVCacheTensors
 from .linear import Linear, PackedWeight, linear, packs
+from .moe import SparseMoeBlock
+from .moe_weights import MoeLayerWeights
+from .quant_experts import QuantizedExperts
 from .quant_linear import Int8Embedding, Int8Linear, QuantizedEmbedding, QuantizedLinear
 from .rope import inverse_frequencies, longrope_cos_sin, rope_cos_sin
 
@@ -135,7 +140,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         self.self_attn = Attention(cfg, layer)
-        self.mlp = MLP(cfg)
+        self.mlp = SparseMoeBlock(cfg.moe) if cfg.is_sparse(layer) else MLP(cfg)
         offset = cfg.norm_weight_offset
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset)
@@ -247,8 +252,11 @@ class DecoderModel(nn.Module):
             attn, mlp, post = layer.self_attn, layer.mlp, layer.post_attention_layernorm
             x = ops.add_rms_norm(h, attn.forward(x, cos, sin, batch, kv, i), post.weight, post.eps)
             after = norms[i + 1] if i + 1 < len(layers) else self.norm
-            gate_up = mlp.gate_up_proj.forward(x)
-            x = ops.add_rms_norm(h, mlp.down_proj.forward(ops.silu_mul(gate_up)), after.weight, after.eps)
+            if isinstance(mlp, SparseMoeBlock):
+                out = mlp.forward(x)
+            else:
+                out = mlp.down_proj.forward(ops.silu_mul(mlp.gate_up_proj.forward(x)))
+            x = ops.add_rms_norm(h, out, after.weight, after.eps)
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -279,7 +287,7 @@ class DecoderModel(nn.Module):
         its quantized modules and, on CPU, the packed copies the matmuls keep (what the KV pool's sizing and the
         model cache count)."""
         params = sum(p.numel() * p.element_size() for p in self.parameters())
-        quantized = (QuantizedLinear, QuantizedEmbedding, Int8Linear, Int8Embedding, Fp8Linear)
+        quantized = (QuantizedLinear, QuantizedEmbedding, QuantizedExperts, Int8Linear, Int8Embedding, Fp8Linear)
         blocks = sum(b.numel() * b.element_size() for m in self.modules()
                      if isinstance(m, quantized) for b in m.buffers(recurse=False))
         return params + blocks + self.packed_copy_bytes()
@@ -292,7 +300,7 @@ class DecoderModel(nn.Module):
             return "int8"
         if any(isinstance(m, Fp8Linear) for m in self.modules()):
             return "fp8"
-        types = {t for m in self.modules() if isinstance(m, QuantizedLinear) for t in m.qtypes}
+        types = {t for m in self.modules() if isinstance(m, (QuantizedLinear, QuantizedExperts)) for t in m.qtypes}
         types |= {m.qtype for m in self.modules() if isinstance(m, QuantizedEmbedding)}
         return "gguf:" + "+".join(sorted(GGMLQuantizationType(t).name for t in types)) if types else "none"
 
@@ -322,21 +330,27 @@ class DecoderModel(nn.Module):
                 setattr(owner, attr, Fp8Linear(dense.weight, dense.bias, dtype))
 
     def _projections(self) -> list[tuple[nn.Module, str]]:
-        """(owner, attribute) of every layer's four projections, which requantization swaps."""
+        """(owner, attribute) of every layer's projections, which requantization swaps: four, or two where the
+        layer's MLP is a mixture of experts (source.check_int8 and check_fp8 refuse those models)."""
         return [(owner, attr) for layer in self.layers
                 for owner, attr in ((layer.self_attn, "qkv_proj"), (layer.self_attn, "o_proj"),
-                                    (layer.mlp, "gate_up_proj"), (layer.mlp, "down_proj"))]
+                                    (layer.mlp, "gate_up_proj"), (layer.mlp, "down_proj"))
+                if owner is layer.self_attn or not isinstance(layer.mlp, SparseMoeBlock)]
 
     def load_hf_state_dict(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copies Hugging Face-named weights (`model.layers.0.self_attn.q_proj.weight`, ...) into the
-        fused layout. Raises ValueError naming any weight that is missing or unexpected."""
+        fused layout, and routers' and experts' into the stacked one (model/moe_weights.py). Raises ValueError
+        naming any weight that is missing or unexpected."""
         params = dict(self.named_parameters())
         pending: dict[str, dict[str, torch.Tensor]] = {}  # fused name -> parts by HF name
         filled: set[str] = set()
+        experts = MoeLayerWeights(self.layers)
         for hf_name, tensor in tensors:
             name = hf_name.removeprefix("model.")
             if name == "lm_head.weight" and self.lm_head is None:
                 continue  # tied: the embedding is the head
+            if experts.take(name, tensor):
+                continue
             fused, part = _fused_target(name)
             if fused is None:
                 if name not in params:
@@ -352,7 +366,8 @@ class DecoderModel(nn.Module):
                 done = pending.pop(fused)
                 _copy(params[fused], torch.cat([done[p] for p in parts]), fused)
                 filled.add(fused)
-        missing = sorted(set(params) - filled)
+        experts.check_complete()
+        missing = sorted(set(params) - filled - experts.filled())
         if missing:
             raise ValueError(f"checkpoint is missing weights {missing[:5]}{'...' if len(missing) > 5 else ''}")
 

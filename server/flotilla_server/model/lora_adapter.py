@@ -162,6 +162,9 @@ def load_adapter(name: str, source: str, base: ModelConfig, max_rank: int = MAX_
         if layer >= base.num_layers:
             raise LoraAdapterError(f"LoRA adapter {name!r} adapts {where}, but the base has {base.num_layers} layers: "
                                    "it was trained for another base model")
+        if base.is_sparse(layer) and TARGETS[module][0].startswith("mlp."):
+            raise LoraAdapterError(f"LoRA adapter {name!r} adapts {where}, but that layer's MLP is a mixture of "
+                                   "experts: adapters of experts are not served; train one for the attention only")
         if set(ab) != {"A", "B"}:
             raise LoraAdapterError(f"LoRA adapter {name!r}: {where} lacks its lora_{'B' if 'A' in ab else 'A'} weight")
         a, b = ab["A"], ab["B"]

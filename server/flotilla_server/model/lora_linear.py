@@ -147,10 +147,13 @@ class LoraProjection(nn.Module):
 
 
 def install_lora(model: nn.Module, slots: LoraSlots) -> None:
-    """Wraps every layer's four projections of a DecoderModel to read `slots`; the base weights stay as they
+    """Wraps every layer's four projections of a DecoderModel to read `slots` (two where the layer's MLP is a
+    mixture of experts: lora_adapter.load_adapter refuses adapters of experts); the base weights stay as they
     are held. A model wrapped before (a LoadedModel reused, as tests do) is bound to these slots instead."""
     for layer_index, layer in enumerate(model.layers):
         for projection in PROJECTION_PARTS:
+            if projection.startswith("mlp.") and model.config.is_sparse(layer_index):
+                continue
             owner_name, attr = projection.split(".")
             owner = getattr(layer, owner_name)
             current = getattr(owner, attr)

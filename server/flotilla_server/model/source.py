@@ -74,9 +74,20 @@ def int8_layers(c: ModelConfig) -> list[tuple[str, int, int]]:
     return layers
 
 
+def check_not_moe(c: ModelConfig, quantization: str) -> None:
+    """ValueError where `quantization` (int8 or fp8, which requantize projections one matrix at a time) would
+    meet a mixture-of-experts model: its experts are stacked 3-D weights those modes do not quantize."""
+    if c.moe is not None:
+        raise ValueError(f"quantization {quantization} does not quantize the experts of a mixture-of-experts model "
+                         f"({c.model_type}: {c.moe.num_experts} experts a sparse layer): pass --quantization none, or "
+                         "gguf with a .gguf file, which keeps expert blocks")
+
+
 def check_int8(c: ModelConfig, device: str) -> None:
-    """ValueError, before any weight is read, where `--quantization int8` cannot serve the model: on a device
-    other than the CPU, or with a layer whose in_features the int8 kernels cannot take (the first one named)."""
+    """ValueError, before any weight is read, where `--quantization int8` cannot serve the model: a mixture of
+    experts, on a device other than the CPU, or with a layer whose in_features the int8 kernels cannot take (the
+    first one named)."""
+    check_not_moe(c, "int8")
     if device != "cpu":
         raise ValueError(f"quantization int8 runs on CPU here, not on {device}: pass --device cpu, or "
                          "--quantization none")
@@ -91,9 +102,10 @@ FP8_DEVICES = "compute capability 8.9 or later: L4, L40S, H100, H200"
 
 
 def check_fp8(c: ModelConfig, device: str) -> None:
-    """ValueError, before any weight is read, where `--quantization fp8` cannot serve the model: on CPU, or
-    with a projection whose sizes `_scaled_mm` cannot take (the first one named). The GPU's own fp8 support
-    is checked at load (loader.py), where torch can ask it."""
+    """ValueError, before any weight is read, where `--quantization fp8` cannot serve the model: a mixture of
+    experts, on CPU, or with a projection whose sizes `_scaled_mm` cannot take (the first one named). The GPU's
+    own fp8 support is checked at load (loader.py), where torch can ask it."""
+    check_not_moe(c, "fp8")
     if not device.startswith("cuda"):
         raise ValueError(f"quantization fp8 runs on a GPU with fp8 tensor cores ({FP8_DEVICES}), not on "
                          f"{device}: on CPU pass --quantization int8 (any model) or gguf (a .gguf file)")

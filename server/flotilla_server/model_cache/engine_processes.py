@@ -106,7 +106,7 @@ class EngineProcesses:
         model = self._source_config(source)
         held = resolve_quantization(source, quantization or c.quantization)
         # the dtype the engine will choose (`auto`: engine/core.py logs it); a GPU's float16 costs as bfloat16
-        dtype = choose_dtype(c.dtype, c.device, held, self.cpu_facts).dtype
+        dtype = choose_dtype(c.dtype, c.device, held, self.cpu_facts, moe=model.moe is not None).dtype
         if held == "gguf":
             weights = gguf_weight_bytes(model, gguf_tensors(source), dtype, c.device)
         elif held == "int8":

@@ -7,8 +7,11 @@ Pure arithmetic, torch-free; tests check it against what loaded models hold (Dec
 Rules (what the loader and model/linear.py do):
 - a weight in the model dtype costs its parameters; on CPU, a float32 or bfloat16 projection and the head
   (the embedding, when tied) cost as much again for the packed copy the matmuls keep;
+- a mixture-of-experts layer (ModelConfig.is_sparse) holds its router (a projection, packed like the others)
+  and every expert, idle or not, with no packed copy of the experts (model/moe.py);
 - with `quantization="gguf"` on CPU, the embedding, the head and each projection whose every part is of a
-  block-kernel type cost their blocks' bytes, with no packed copy; the rest is dequantized to the dtype;
+  block-kernel type cost their blocks' bytes, with no packed copy, and so do a sparse layer's experts where
+  all three of its expert tensors are; the rest is dequantized to the dtype;
 - with `quantization="int8"` (CPU only), every projection, the embedding and an untied head cost 1 byte per
   weight and 4 per output row (its float32 scale), with no packed copy; the rest (norms, biases) the dtype;
 - with `quantization="fp8"` (a GPU), every projection the same; the embedding and head stay in the dtype.
@@ -19,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from flotilla_server.model.config import ModelConfig
-from flotilla_server.model.gguf_meta import BLOCK_KERNEL_TYPES, projection_parts
+from flotilla_server.model.gguf_meta import BLOCK_KERNEL_TYPES, EXPERT_PARTS, layer_projection_parts
 from flotilla_server.model.source import HeldTensor, int8_layers
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -39,17 +42,32 @@ def parameter_count(c: ModelConfig) -> int:
     mlp = 3 * c.hidden_size * c.intermediate_size
     if c.mlp_bias:
         mlp += 2 * c.intermediate_size + c.hidden_size
-    per_layer = attention + mlp + (4 if c.sandwich_norms else 2) * c.hidden_size  # RMSNorms: Gemma 3's four
+    sparse = sum(c.is_sparse(layer) for layer in range(c.num_layers))
+    per_layer = attention + (4 if c.sandwich_norms else 2) * c.hidden_size  # RMSNorms: Gemma 3's four
     embeddings = c.vocab_size * c.hidden_size
     head = 0 if c.tie_word_embeddings else c.vocab_size * c.hidden_size
-    return embeddings + c.num_layers * per_layer + c.hidden_size + head
+    return (embeddings + c.num_layers * per_layer + (c.num_layers - sparse) * mlp
+            + sparse * (_router_weights(c) + _expert_weights(c)) + c.hidden_size + head)
+
+
+def _router_weights(c: ModelConfig) -> int:
+    return 0 if c.moe is None else c.moe.num_experts * c.hidden_size
+
+
+def _expert_weights(c: ModelConfig) -> int:
+    """One sparse layer's experts: gate, up and down of each."""
+    return 0 if c.moe is None else 3 * c.moe.num_experts * c.hidden_size * c.moe.expert_intermediate_size
 
 
 def projection_weights(c: ModelConfig) -> int:
-    """The weights of every matmul: the projections and the head (the embedding's, when tied); no biases."""
+    """The weights of every matmul that keeps a packed copy: the projections (a sparse layer's router, not its
+    experts) and the head (the embedding's, when tied); no biases."""
     q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-    per_layer = c.hidden_size * (q + 2 * kv) + q * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
-    return c.num_layers * per_layer + c.vocab_size * c.hidden_size
+    sparse = sum(c.is_sparse(layer) for layer in range(c.num_layers))
+    attention = c.hidden_size * (q + 2 * kv) + q * c.hidden_size
+    mlp = 3 * c.hidden_size * c.intermediate_size
+    return (c.num_layers * attention + (c.num_layers - sparse) * mlp + sparse * _router_weights(c)
+            + c.vocab_size * c.hidden_size)
 
 
 def dense_weight_bytes(c: ModelConfig, dtype: str, device: str) -> int:
@@ -77,8 +95,10 @@ def gguf_weight_bytes(c: ModelConfig, tensors: Mapping[str, HeldTensor], dtype: 
     if "output.weight" in tensors:
         swap(["output.weight"])
     for layer in range(c.num_layers):
-        for parts in projection_parts(c.model_type, tensors).values():
+        for parts in layer_projection_parts(c, layer, c.model_type, tensors).values():
             swap([f"blk.{layer}.{part}.weight" for part in parts])
+        if c.is_sparse(layer):
+            swap([f"blk.{layer}.{part}.weight" for part in EXPERT_PARTS], packed=False)
     return total
 
 

@@ -31,6 +31,9 @@ ARCH_CASES = {
                       "original_max_position_embeddings": 512,
                       "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0,
                                           "short_factor": [1.0, 1.2, 1.6, 2.4], "long_factor": [1.0, 3.0, 9.0, 27.0]}}),
+    # mixtures of experts (8, top-2): Qwen3-MoE without renormalising its top-2 weights, Mixtral with one KV head
+    "qwen3_moe": ("qwen3_moe", {"norm_topk_prob": False, "tie_word_embeddings": True}),
+    "mixtral": ("mixtral", {"num_key_value_heads": 1}),
 }
 
 

@@ -40,6 +40,23 @@ def test_the_choice_and_its_reason(requested, device, quantization, cpu, dtype, 
     assert says in choice.reason
 
 
+@pytest.mark.parametrize(("device", "quantization", "dtype"), [
+    ("cpu", "none", "float32"), ("cpu", "gguf", "float32"), ("cuda", "none", "bfloat16")])
+def test_a_mixture_of_experts_on_cpu_is_float32_even_where_bfloat16_is_native(device, quantization, dtype):
+    choice = choose_dtype("auto", device, quantization, AMX, moe=True)
+    assert choice.dtype == dtype
+    if (device, quantization) == ("cpu", "none"):
+        assert "mixture of experts" in choice.reason
+    assert choose_dtype("bfloat16", "cpu", "none", AMX, moe=True).dtype == "bfloat16"  # as given
+
+
+def test_the_engine_serves_a_mixture_of_experts_directory_in_float32_under_auto(hf_model, monkeypatch):
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "ALL")  # bfloat16 native here, were it dense
+    path, _ = hf_model("mixtral")
+    core = EngineCore(EngineConfig(model=str(path), dtype="auto", num_kv_blocks=8))
+    assert str(core.loaded.model.compute_dtype) == "torch.float32"
+
+
 def test_a_gpu_without_bfloat16_gets_float16():
     assert choose_dtype("auto", "cuda", "none", EPYC, gpu_has_bfloat16=False).dtype == "float16"
 

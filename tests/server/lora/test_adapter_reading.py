@@ -98,3 +98,33 @@ def test_an_adapter_for_another_base_is_refused_naming_both_shapes(adapter, tmp_
     deeper = make_hf_model_dir("llama", tmp_path / "shallow", num_hidden_layers=1)
     with pytest.raises(LoraAdapterError, match=r"adapts layer 1 .* but the base has 1 layers"):
         load_adapter("a", str(adapter), hf_config(deeper))
+
+
+def test_a_mixture_of_experts_base_serves_adapters_of_its_attention_and_dense_layers_only(tmp_path):
+    """On a Qwen3-MoE base, peft's adapter of the experts (a wrapper over the stacked weights) is refused, and so
+    is a factor of a sparse layer's MLP (from an adapter of a dense Qwen3 of the same shapes); its attention and
+    its dense layer's MLP are served, and install_lora leaves the expert blocks as they are."""
+    from flotilla_server.model import load_model
+    from flotilla_server.model.lora_linear import LoraProjection, LoraSlots, install_lora
+    from flotilla_server.model.moe import SparseMoeBlock
+
+    moe_base = make_hf_model_dir("qwen3_moe", tmp_path / "moe")  # layer 1 dense, 0 and 2 sparse
+    config = hf_config(moe_base)
+    with pytest.raises(LoraAdapterError, match=r"layers\.0\.mlp\.experts\..* targets a module that is not served"):
+        load_adapter("a", str(make_lora_adapter(moe_base, tmp_path / "experts", rank=4, seed=3)), config)
+    dense_base = make_hf_model_dir("qwen3", tmp_path / "dense", num_hidden_layers=3)  # the same shapes, no experts
+    path = make_lora_adapter(dense_base, tmp_path / "a", rank=4, seed=3)
+    with pytest.raises(LoraAdapterError, match="adapts layer 0 down_proj, but that layer's MLP is a mixture of experts"):
+        load_adapter("a", str(path), config)
+    weights = load_file(path / "adapter_model.safetensors")
+    save_file({k: v for k, v in weights.items() if "self_attn" in k or "layers.1.mlp" in k},
+              path / "adapter_model.safetensors")
+    adapter = load_adapter("a", str(path), config)
+    assert {(layer, m) for layer, m in adapter.modules if m.endswith("_proj") and m[0] in "gud"} == {
+        (1, "gate_proj"), (1, "up_proj"), (1, "down_proj")}
+
+    model = load_model(str(moe_base), "float32", "cpu").model
+    install_lora(model, LoraSlots(config, max_loras=1, max_rank=4, dtype=torch.float32))
+    assert isinstance(model.layers[1].mlp.gate_up_proj, LoraProjection)
+    assert isinstance(model.layers[0].mlp, SparseMoeBlock) and isinstance(model.layers[0].self_attn.qkv_proj,
+                                                                          LoraProjection)

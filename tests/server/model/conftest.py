@@ -36,6 +36,9 @@ VARIANTS = {
     # Phi-3.5-mini's shape: LongRoPE over whole heads; every test sequence is under 512 (the short factors)
     "phi3-longrope": ("phi3", {"max_position_embeddings": 2048, "original_max_position_embeddings": 512,
                                "rope_parameters": PHI3_LONGROPE}),
+    # mixtures of experts: 8 experts, top-2; Qwen3-MoE's layer 1 dense, its top-2 weights renormalised
+    "qwen3moe-dense-layer": ("qwen3_moe", {}),
+    "mixtral-window": ("mixtral", {"sliding_window": 512}),  # a window wider than every test sequence
 }
 
 

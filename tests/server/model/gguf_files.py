@@ -48,7 +48,7 @@ def encode_as(rows: np.ndarray, tensor_type: T, rng: np.random.Generator) -> np.
         blocks = rng.integers(0, 256, (rows.size // 256, size), dtype=np.uint8)
         for off, value in fields.items():
             blocks[:, off:off + 2] = np.full((len(blocks), 1), value, np.float16).view(np.uint8)
-        return blocks.reshape(rows.shape[0], -1)
+        return blocks.reshape(*rows.shape[:-1], -1)
     return quantize(rows, tensor_type)
 
 

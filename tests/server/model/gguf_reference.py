@@ -91,8 +91,9 @@ def tokenizer_parameters(path: Path) -> dict[str, Any]:
             if key.startswith("tokenizer.") and renames.get(key.removeprefix("tokenizer.")) not in (None, -1)}
 
 
-def load_reference(path: Path, num_layers: int, arch: str = "llama") -> Reference:
-    """transformers' model of the file, for any architecture `arch` its GGUF loader maps (llama, qwen2, ...)."""
+def load_reference(path: Path, num_layers: int, arch: str = "llama", **config: Any) -> Reference:
+    """transformers' model of the file, for any architecture `arch` its GGUF loader maps (llama, qwen2, ...);
+    `config`: values its config mapping misses (qwen3_moe's moe_intermediate_size, from no GGUF key)."""
     import gguf
     import transformers
     from transformers.initialization import no_init_weights
@@ -110,7 +111,7 @@ def load_reference(path: Path, num_layers: int, arch: str = "llama") -> Referenc
         parsed = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=names_only)
     finally:
         gguf.get_tensor_name_map = name_map
-    config = dict(parsed["config"])
+    config = {**parsed["config"], **config}
     config.pop("model_type", None)
     with no_init_weights():
         model = model_class(config_class(**config))

@@ -115,6 +115,12 @@ def test_other_families_rotate_whole_heads_whatever_partial_rotary_factor_says()
       "layer_types": ["sliding_attention", "full_attention"]}, (128, 0)),
     ({"model_type": "phi3", "sliding_window": 128}, (128, 128)),  # Phi-3-mini-4k: a window of 2047 in 4096 positions
     ({"model_type": "phi3", "sliding_window": None}, ()),
+    # transformers' Mixtral applies any window set, whatever use_sliding_window says (it reads no such key)
+    ({"model_type": "mixtral", "num_local_experts": 4, "sliding_window": 128, "use_sliding_window": False},
+     (128, 128)),
+    ({"model_type": "mixtral", "num_local_experts": 4, "sliding_window": None}, ()),
+    ({"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+      "sliding_window": 128}, ()),  # use_sliding_window is false by default
 ])
 def test_sliding_windows_as_transformers_applies_them(extra, windows):
     """Windowed layers are masked (model/attention.py), so the context stays the model's own."""
@@ -124,7 +130,13 @@ def test_sliding_windows_as_transformers_applies_them(extra, windows):
 
 @pytest.mark.parametrize(("extra", "message"), [
     ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
-    ({"model_type": "qwen3_moe"}, "choose a model of one of these families"),
+    ({"model_type": "qwen2_moe", "shared_expert_intermediate_size": 64},
+     r"model_type 'qwen2_moe' \(Qwen2-MoE: a shared expert with its own sigmoid gate beside the routed ones\) is not "
+     "supported: Flotilla runs the mixture-of-experts models qwen3_moe, mixtral .routed experts only. and the dense "
+     "llama, mistral"),
+    ({"model_type": "qwen3_moe", "moe_intermediate_size": 32}, "needs num_experts or num_local_experts"),
+    ({"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 5},
+     r"num_experts_per_tok \(5\) must be at most the number of experts \(4\)"),
     ({"model_type": "llama", "architectures": ["LlamaForSequenceClassification"]}, "expected LlamaForCausalLM"),
     ({"model_type": "llama", "hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ({"model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_type 'yarn'"),
@@ -149,6 +161,23 @@ def test_sliding_windows_as_transformers_applies_them(extra, windows):
 def test_unsupported_configs_say_what_to_change(extra, message):
     with pytest.raises(UnsupportedModelError, match=message):
         cfg(**extra)
+
+
+def test_qwen3_moe_is_qwen3_attention_with_experts_on_its_sparse_layers():
+    c = cfg(model_type="qwen3_moe", head_dim=32, attention_bias=True, num_hidden_layers=6, num_experts=16,
+            num_experts_per_tok=4, moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=2,
+            mlp_only_layers=[3])
+    assert (c.qk_norm, c.qkv_bias, c.o_bias, c.head_dim) == (True, True, True, 32)
+    assert (c.moe.num_experts, c.moe.num_experts_per_tok, c.moe.expert_intermediate_size) == (16, 4, 32)
+    assert c.moe.norm_topk_prob and not c.moe.float32_scaling and c.intermediate_size == 128  # the dense layers'
+    assert [c.is_sparse(i) for i in range(6)] == [False, True, False, False, False, True]
+
+
+def test_mixtral_is_mistral_attention_with_experts_everywhere():
+    c = cfg(model_type="mixtral", num_local_experts=8, num_experts_per_tok=2, attention_bias=True)
+    assert (c.qk_norm, c.qkv_bias, c.o_bias) == (False, False, False)  # transformers reads no attention_bias
+    assert c.moe.expert_intermediate_size == 128 and c.moe.norm_topk_prob and c.moe.float32_scaling
+    assert all(c.is_sparse(i) for i in range(2)) and not cfg(model_type="llama").is_sparse(0)
 
 
 GEMMA3 = {**BASE, "model_type": "gemma3_text", "num_hidden_layers": 7, "head_dim": 32, "sliding_window": 512,

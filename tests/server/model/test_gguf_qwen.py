@@ -2,9 +2,9 @@
 the test with `gguf`'s writer, against transformers' own GGUF loader on the same file; and the refusal of an
 architecture still unsupported, exit 2 from the CLI.
 
-`write_decoder_gguf` is the writer the other test_gguf_* files share: any of the four architectures, any
+`write_decoder_gguf` is the writer the other test_gguf_* files share: any of the architectures, any
 matrix type (gguf_files.encode_as: quantized by `gguf` where it can, random blocks with finite scales where it
-cannot), optional biases, Q/K norms, a rope_freqs tensor, phi3's fused layout and partial rotary.
+cannot), optional biases, Q/K norms, a rope_freqs tensor, phi3's fused layout and partial rotary, experts.
 """
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ def write_decoder_gguf(path: Path, arch: str = "llama", tensor_type: T = T.F32, 
                        tensors: Mapping[str, np.ndarray] | None = None, vocab_size: int | None = None, seed: int = 0,
                        vocab: tuple[list[str], list[int], list[str]] | None = None, layers: int = LAYERS,
                        sliding_window: int | None = None, fused: bool = False, rotary_dim: int | None = None,
-                       extra_tensors: Mapping[str, np.ndarray] | None = None, **fields: Any) -> Path:
+                       extra_tensors: Mapping[str, np.ndarray] | None = None,
+                       experts: tuple[int, int, int] | None = None, dense_layers: tuple[int, ...] = (),
+                       **fields: Any) -> Path:
     """A small random GGUF. `arch` gemma3 adds its norms after each sublayer and ties the head (no
     `output.weight`), as llama.cpp's converter writes it. `tensor_types`: a matrix's type by its name without
     `blk.N.` and `.weight`;
@@ -45,6 +47,9 @@ def write_decoder_gguf(path: Path, arch: str = "llama", tensor_type: T = T.F32, 
     `vocab_size` may exceed the test tokenizer's); `vocab`: (tokens, token types, merges), else gguf_files';
     `fused`: phi3's layout (Q/K/V rows in one `attn_qkv`, gate then up rows in one `ffn_up`); `rotary_dim`:
     `rope.dimension_count` (default head_dim); `extra_tensors`: float32 tensors written as they are (rope factors);
+    `experts`: (count, used, width): every layer but `dense_layers` holds a float32 router `ffn_gate_inp` and 3-D
+    `ffn_{gate,up,down}_exps` instead of ffn_gate/up/down, as llama.cpp writes qwen3moe and Mixtral (whose
+    `llama` files give no expert_feed_forward_length: the width is feed_forward_length, `ffn`, there);
     `fields`: extra metadata (`{arch}.rope.scaling.type`: a string; ints: uint32; other values: float32)."""
     rng = np.random.default_rng(seed)
     tokens, types, merges = vocab or (*vocabulary(), MERGES)
@@ -72,6 +77,11 @@ def write_decoder_gguf(path: Path, arch: str = "llama", tensor_type: T = T.F32, 
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     w.add_chat_template(TEMPLATE)
+    if experts is not None:
+        w.add_expert_count(experts[0])
+        w.add_expert_used_count(experts[1])
+        if arch != "llama":
+            w.add_expert_feed_forward_length(experts[2])
     for key, value in fields.items():
         (w.add_string if isinstance(value, str) else w.add_uint32 if isinstance(value, int) else w.add_float32)(
             key, value)
@@ -81,9 +91,10 @@ def write_decoder_gguf(path: Path, arch: str = "llama", tensor_type: T = T.F32, 
             return np.ascontiguousarray(tensors[name], dtype=np.float32)
         return (centre + rng.normal(0, scale, shape)).astype(np.float32)
 
-    def matrix(name: str, rows: int, cols: int) -> None:
+    def matrix(name: str, rows: int, cols: int, *, stacked: int | None = None, scale: float = 0.08) -> None:
         kind = (tensor_types or {}).get(name.split(".")[-2], tensor_type)
-        w.add_tensor(name, encode_as(weights(name, (rows, cols), 0.08), kind, rng),
+        shape = (rows, cols) if stacked is None else (stacked, rows, cols)
+        w.add_tensor(name, encode_as(weights(name, shape, scale), kind, rng),
                      raw_dtype=None if kind in (T.F32, T.F16) else kind)
 
     def vector(name: str, size: int, centre: float = 1.0, scale: float = 0.1) -> None:
@@ -110,6 +121,13 @@ def write_decoder_gguf(path: Path, arch: str = "llama", tensor_type: T = T.F32, 
             vector(f"blk.{i}.post_attention_norm.weight", hidden)
             vector(f"blk.{i}.post_ffw_norm.weight", hidden)
         vector(f"blk.{i}.ffn_norm.weight", hidden)
+        if experts is not None and i not in dense_layers:
+            count, _, width = experts
+            w.add_tensor(f"blk.{i}.ffn_gate_inp.weight", weights(f"blk.{i}.ffn_gate_inp.weight", (count, hidden), 0.3))
+            matrix(f"blk.{i}.ffn_gate_exps.weight", width, hidden, stacked=count)
+            matrix(f"blk.{i}.ffn_up_exps.weight", width, hidden, stacked=count)
+            matrix(f"blk.{i}.ffn_down_exps.weight", hidden, width, stacked=count)
+            continue
         if not fused:
             matrix(f"blk.{i}.ffn_gate.weight", ffn, hidden)
         matrix(f"blk.{i}.ffn_up.weight", 2 * ffn if fused else ffn, hidden)
@@ -159,9 +177,9 @@ def test_unsupported_architecture_names_the_file_and_the_supported_ones(tmp_path
     assert_cli_refuses(path, message)
 
 
-def assert_cli_refuses(path: Path, message: str) -> None:
-    """`flotilla-server --model FILE` exits 2 with the message on one line of stderr, before serving."""
-    cmd = [sys.executable, "-m", "flotilla_server.cli", "--model", str(path), "--port", str(free_port())]
+def assert_cli_refuses(path: Path, message: str, *flags: str) -> None:
+    """`flotilla-server --model FILE [flags]` exits 2 with the message on one line of stderr, before serving."""
+    cmd = [sys.executable, "-m", "flotilla_server.cli", "--model", str(path), "--port", str(free_port()), *flags]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 2 and message in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr

@@ -21,6 +21,7 @@ from tests.support.hf_models import make_hf_model_dir
 @pytest.mark.parametrize(("arch", "overrides"), [
     ("llama", {}), ("llama", {"tie_word_embeddings": True}), ("llama", {"attention_bias": True, "mlp_bias": True}),
     ("qwen2", {}), ("qwen3", {}), ("gemma3_text", {}), ("phi3", {"partial_rotary_factor": 0.5}),
+    ("qwen3_moe", {}), ("mixtral", {"tie_word_embeddings": True}),  # all experts count, idle or not
 ])
 def test_parameter_count_equals_the_loaded_models(arch, overrides, tmp_path):
     path = make_hf_model_dir(arch, tmp_path / arch, **overrides)
