@@ -13,7 +13,8 @@ Rules (`choose_for_adapter`):
   the pods with the most free adapter slots (a new pod has all its slots free, so a scale-up takes adapter
   traffic at once), ties by the adapter's walk of a hash ring (routing.ring_walk: every gateway replica orders the
   same pods alike);
-- within those, the least-loaded pod whose load + 1 stays within routing.load_bound; if none of them fits,
+- within those, the least-loaded pod whose load + 1 stays within routing.load_bound, a holder before a pod of
+  equal load that would have to load the adapter; if none of them fits,
   the pod within the bound with the most free adapter slots, then the least load (a hot spot spills rather
   than queues);
 - ties go to the walk, so the choice is deterministic.
@@ -49,6 +50,6 @@ def choose_for_adapter(pods: Sequence[PodView], adapter: str, holders: frozenset
     bound = load_bound(sum(p.load for p in pool), len(pool))
     fits = [p for p in allowed if p.load + 1 <= bound]
     if fits:
-        return min(fits, key=lambda p: (p.load, walk[p.address]))
+        return min(fits, key=lambda p: (p.load, p.address not in holders, walk[p.address]))
     spill = [p for p in pool if p.load + 1 <= bound]  # never empty: the least-loaded pod fits
     return min(spill, key=lambda p: (-free_slots.get(p.address, 0), p.load, walk[p.address]))

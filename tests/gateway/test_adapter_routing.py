@@ -27,6 +27,7 @@ A, B, C, D = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.4:8000"
     ([pod(A, 2), pod(B, 2), pod(D, 0)], {A, B}, 16, {A: 0, B: 0, D: 4}, D,
      "a new pod (all slots free, no load) takes a hot adapter's traffic"),
     ([pod(A, 0, accepting=False), pod(B, 5)], {A}, 0, {A: 4, B: 0}, B, "a draining holder is passed over"),
+    ([pod(D), pod(A)], {A}, 8, {A: 3, D: 4}, A, "at equal load a holder, not a pod that would load the adapter"),
 ])
 def test_the_rule(pods, holders, adapter_load, free, expected, why):
     chosen = choose_for_adapter(pods, "support-bot", frozenset(holders), adapter_load, free)
