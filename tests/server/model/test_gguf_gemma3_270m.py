@@ -135,7 +135,8 @@ def test_greedy_equals_transformers_in_a_batch_of_8(gemma3, alone):
 
 
 def test_dequantized_equals_transformers_exactly(gemma3):
-    """`--quantization none`: the same file dequantized to float32, in one batch of chunked prefills and decodes."""
+    """`--quantization none`: the same file dequantized to float32, in one batch of chunked prefills and decodes,
+    and each prompt alone."""
     _, reference, tokenizer, path, _ = gemma3
     loaded = load_model(str(path), "float32", "cpu", "none")
     assert loaded.model.quantization() == "none"
@@ -145,6 +146,8 @@ def test_dequantized_equals_transformers_exactly(gemma3):
     got = paged_greedy(loaded.model, prompts, 4, chunk=8, start_steps=[0, 1] * 4)
     for prompt, answer in zip(prompts, got, strict=True):
         assert is_reference_greedy(reference.model, prompt, answer), (prompt, answer)
+    # and each alone (batch-1 decode steps take other paths): the same tokens as in the batch
+    assert [paged_greedy(loaded.model, [prompt], 4, chunk=8)[0] for prompt in prompts] == got
 
 
 def test_tokenizer_matches_transformers_gguf_conversion(gemma3):
