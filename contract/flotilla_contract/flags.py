@@ -190,13 +190,15 @@ SERVER_FLAGS: tuple[Flag, ...] = (
          "Reuse the KV blocks of prompts' common prefixes (system prompts, earlier turns): on or off."),
     Flag("--dtype", "dtype", "str", "auto",
          f"Weights and KV-cache dtype: {', '.join(DTYPE_CHOICES)}. auto picks per model: on a GPU bfloat16; on CPU "
-         "float32 for weights held as gguf or int8 (their kernels multiply float32), else bfloat16 where the CPU "
+         "float32 for weights held as gguf or int8 (their kernels multiply float32) and for a mixture of experts "
+         "(its experts' few-row products run faster in float32), else bfloat16 where the CPU "
          "computes it natively (avx512_bf16 or AMX) and float32 where it would be emulated. The log says which "
          "and why."),
     Flag("--quantization", "quantization", "str", None,
-         f"How weights are held: {', '.join(QUANTIZATIONS)}. gguf keeps a .gguf file's Q8_0, Q4_0, Q4_1, Q4_K and "
-         "Q6_K blocks as they are on CPU (other types, and every type on a GPU, are dequantized to --dtype); int8 "
-         "quantizes any model's projections, embedding and head to per-channel int8 at load (CPU only; every "
+         f"How weights are held: {', '.join(QUANTIZATIONS)}. gguf keeps a .gguf file's quantized blocks (Q8_0, "
+         "Q5_0, Q5_1, Q4_0, Q4_1, Q2_K to Q6_K) as they are on CPU (F16/BF16, and every type on a GPU, are "
+         "dequantized to --dtype); int8 quantizes any model's projections, embedding and head to per-channel int8 "
+         "at load (CPU only; not a mixture of experts; every "
          "layer's input width a multiple of 16); fp8 quantizes any model's projections to e4m3 with per-channel "
          "scales at load (a GPU of compute capability 8.9 or later; sizes multiples of 16); none dequantizes "
          "every weight to --dtype at load. Default: gguf for a .gguf file, none otherwise. In multi-model mode, "

@@ -558,13 +558,13 @@ class ServerSpec(ApiModel):
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = Field(
         None, description="dtype of weights and KV cache. auto lets the server pick per model: on CPU float32 for "
-        "weights held as gguf or int8, else bfloat16 where the CPU computes it natively (avx512_bf16 or AMX) and "
+        "weights held as gguf or int8 and for a mixture of experts, else bfloat16 where the CPU computes it natively (avx512_bf16 or AMX) and "
         "float32 where it would be emulated. Unset means bfloat16 on GPU and auto on CPU."
     )
     quantization: Literal["none", "gguf", "int8", "fp8"] | None = Field(
-        None, description="quantization says how weights are held: gguf keeps a .gguf file's Q8_0, Q4_0, Q4_1, Q4_K and "
-        "Q6_K blocks as they are on CPU (about a sixth of float32's memory for a Q4_1 file); int8 quantizes any model's "
-        "projections, embedding and head to per-channel int8 at load (CPU only; about a quarter of float32's memory); "
+        None, description="quantization says how weights are held: gguf keeps a .gguf file's quantized blocks (Q8_0, "
+        "Q5_0, Q5_1, Q4_0, Q4_1, Q2_K to Q6_K) as they are on CPU (about a sixth of float32's memory for a Q4_1 file); int8 quantizes any model's "
+        "projections, embedding and head to per-channel int8 at load (CPU only; not a mixture of experts; about a quarter of float32's memory); "
         "fp8 quantizes any model's projections to e4m3 with per-channel scales at load (a GPU of compute capability "
         "8.9 or later: L4, L40S, H100, H200); none dequantizes every weight to dtype at load. Unset means gguf for a .gguf file and none otherwise (docs/models.md, \"Quantization\").",
     )

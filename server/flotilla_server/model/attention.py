@@ -79,7 +79,8 @@ class AttentionBatch:
     decode_tables: torch.Tensor | None = None
     decode_context_lens: torch.Tensor | None = None
     _decode_inputs: tuple | None = None  # (context lens, block tables, block counts, device) of the decode rows
-    # window -> (the prefill chunks, the decode groups) with that sliding window's masks, built on first use
+    # window -> (the prefill chunks, the decode groups) with that sliding window's masks, and ("cut", window) ->
+    # cut_by's answer, each built on first use
     _windowed: dict = field(default_factory=dict, compare=False)
 
     def groups(self) -> tuple[DecodeGroup, ...]:
@@ -91,10 +92,16 @@ class AttentionBatch:
 
     def cut_by(self, window: int) -> bool:
         """Whether a sliding window of `window` keys hides any key from this step's queries (a captured step's
-        static groups: assumed so, their contexts are not known here)."""
-        if self._decode_inputs is None:
-            return bool(self.decode_groups) or any(p.context_len > window for p in self.prefills)
-        return any(p.context_len > window for p in self.prefills) or any(c > window for c in self._decode_inputs[0])
+        static groups: assumed so, their contexts are not known here). Asked by every windowed layer: answered once
+        a step."""
+        key = ("cut", window)
+        if key not in self._windowed:
+            contexts = [p.context_len for p in self.prefills]
+            if self._decode_inputs is not None:
+                contexts += self._decode_inputs[0]
+            static = self._decode_inputs is None and bool(self.decode_groups)
+            self._windowed[key] = static or any(c > window for c in contexts)
+        return self._windowed[key]
 
     def windowed(self, window: int) -> tuple[tuple[PrefillChunk, ...], tuple[DecodeGroup, ...] | None]:
         """The prefill chunks and the decode groups as a layer with a sliding window of `window` keys sees them:
